@@ -1,0 +1,170 @@
+"""The engine contract, the result of a save, and the registry.
+
+An engine saves a state (any nested structure of tensors and plain values, as
+`model.state_dict()` or an optimizer's `state_dict()` returns) under a name on its targets:
+
+    eng = create("cpu-single", targets=[...], **options)
+    pending = eng.save(state, name="step-100")  # returns once the tensors may change again
+    result = pending.wait()                      # the bytes are durable (fsync'd)
+    state = eng.load("step-100", device="cpu")
+    eng.close()
+
+`stall_s` runs from the call of `save()` until it returns (including any wait for the previous
+save to finish persisting), `total_s` until the bytes are durable, `persist_s = total_s - stall_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from bench.errors import UserError
+
+
+@dataclass
+class SaveResult:
+    """What one save cost; bytes in bytes, times in seconds."""
+
+    name: str
+    bytes: int
+    stall_s: float = 0.0
+    persist_s: float = 0.0
+    total_s: float = 0.0
+    hash_s: float = 0.0  # time spent computing checksums (on the persist path)
+    wait_prev_s: float = 0.0  # part of stall_s spent waiting for the previous save
+    staging_grew: bool = False  # the staging buffer had to be (re)allocated inside this save
+    pinned_bytes: int = 0
+    targets_used: int = 0
+    copied_tensors: int = 0  # tensors that needed a copy (non-contiguous) on a zero-copy path
+    checksums: bool = False
+    gds_mode: str = "n/a"  # gds engine: gds, compat or emulated
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PendingSave:
+    """A save in flight: `wait()` blocks until durable and returns the SaveResult.
+
+    Made by engines; `t0_ns` is when `save()` was called, `stall_end_ns` when it returned.
+    """
+
+    def __init__(self, result: SaveResult, t0_ns: int) -> None:
+        self.result = result
+        self.t0_ns = t0_ns
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def run_in_background(self, fn: Any) -> None:
+        """Run `fn()` (the persist phase) in a thread; finish the timing when it returns."""
+
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - handed to wait()
+                self._error = e
+            finally:
+                self._finish()
+
+        self._thread = threading.Thread(target=body, name=f"persist-{self.result.name}", daemon=True)
+        self._thread.start()
+
+    def finish_now(self) -> None:
+        """For engines whose save is synchronous: durable when save() returns."""
+        self._finish()
+
+    def _finish(self) -> None:
+        r = self.result
+        r.total_s = (time.perf_counter_ns() - self.t0_ns) / 1e9
+        r.persist_s = max(0.0, r.total_s - r.stall_s)
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> SaveResult:
+        """Block until the checkpoint is durable; re-raise an error of the persist phase."""
+        self._done.wait()
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.result
+
+
+class Engine(Protocol):
+    """What every engine module provides."""
+
+    name: ClassVar[str]
+    targets: list[str]
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """None if the engine can run here, else why not (one line)."""
+
+    def warm(self, state: Any) -> None:
+        """Allocate and pre-fault what a save of `state` needs, outside any timed region."""
+
+    def save(self, state: Any, name: str) -> PendingSave: ...
+
+    def load(self, name: str, device: str = "cpu") -> Any: ...
+
+    def delete(self, name: str) -> None:
+        """Remove checkpoint `name` from every target."""
+
+    def cached_files(self, name: str) -> list[str]:
+        """The files of checkpoint `name` (so a benchmark can drop them from the page cache)."""
+
+    def close(self) -> None: ...
+
+
+REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def build_options(options_cls: type, engine: str, given: dict[str, Any]) -> Any:
+    """Make an engine's frozen options dataclass; unknown or bad options are UserErrors."""
+    known = {f.name: f for f in dataclasses.fields(options_cls)}
+    for k in given:
+        if k not in known:
+            raise UserError(
+                f"engine {engine}: unknown option {k!r} (known: {', '.join(sorted(known)) or 'none'})"
+            )
+    try:
+        return options_cls(**given)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"engine {engine}: {e}") from None
+
+
+def check_targets(engine: str, targets: list[str]) -> list[str]:
+    """Absolute target paths; each must be an existing, writable directory."""
+    if not targets:
+        raise UserError(f"engine {engine}: at least one target directory is needed")
+    out = []
+    for t in targets:
+        if not isinstance(t, str | os.PathLike):
+            raise UserError(f"engine {engine}: target {t!r} is not a path")
+        p = os.path.abspath(os.fspath(t))
+        if not os.path.exists(p):
+            raise UserError(f"target {p}: does not exist (create it or fix the path)")
+        if not os.path.isdir(p):
+            raise UserError(f"target {p}: is not a directory")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise UserError(f"target {p}: is not writable by this user")
+        out.append(p)
+    if len(set(out)) != len(out):
+        raise UserError(f"engine {engine}: the same target is listed twice in {out}")
+    return out
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise UserError(f"checkpoint name {name!r}: use a non-empty name without '/'")
+    return name

@@ -1,0 +1,19 @@
+"""`cpu-single`: the paper's single-copy CPU-centric path.
+
+GPU -> 4 KiB-aligned pinned staging (the stall ends when this snapshot is complete), then a
+background writer does O_DIRECT pwrite from the staging buffer itself and fsyncs. The staging
+buffer is the only host copy: O_DIRECT bypasses the page cache, so host memory is about 1 x the
+checkpoint. Lengths that are not multiples of 4096 are written through a one-block bounce buffer
+and the file is truncated back to its exact length.
+"""
+
+from __future__ import annotations
+
+from bench.engines.base import register
+from bench.engines.striped import SnapshotEngine
+
+
+@register
+class CpuSingle(SnapshotEngine):
+    name = "cpu-single"
+    o_direct = True

@@ -1,0 +1,118 @@
+"""`dcp` baseline: PyTorch Distributed Checkpoint's own CPU-staged asynchronous save.
+
+`torch.distributed.checkpoint.async_save` with `FileSystemWriter(sync_files=True)` into
+`NAME/` in the first target (DCP writes `thread_count` data files and a `.metadata`). The stall
+ends when async_save returns (DCP has staged the state in host memory); durable when its future
+completes. Runs in a single process here (no process group).
+
+DCP stores non-tensor values pickled and loads with string keys (an optimizer's integer keys come
+back as strings); the benchmark compares tensors, not key types, for this baseline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from bench import manifest
+from bench.engines.base import PendingSave, SaveResult, register
+from bench.engines.baseline import BaselineEngine
+from bench.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True)
+class DcpOptions:
+    """Knobs passed to FileSystemWriter."""
+
+    thread_count: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.thread_count, int) or self.thread_count < 1:
+            raise ValueError(f"thread_count must be a positive integer, got {self.thread_count!r}")
+
+
+@register
+class Dcp(BaselineEngine):
+    name = "dcp"
+    Options = DcpOptions
+
+    def __init__(self, targets: list[str], **options: Any) -> None:
+        super().__init__(targets, **options)
+        self._pending: PendingSave | None = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        except ImportError as e:
+            return f"torch.distributed.checkpoint does not import: {e}"
+        if not hasattr(dcp, "async_save"):
+            return "this torch has no torch.distributed.checkpoint.async_save"
+        return None
+
+    def save(self, state: Any, name: str) -> PendingSave:
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+
+        t0 = time.perf_counter_ns()
+        wait_prev = 0.0
+        if self._pending is not None and not self._pending.done():
+            self._pending._done.wait()
+            wait_prev = (time.perf_counter_ns() - t0) / 1e9
+        d = self.ckpt_dir(name)
+        os.makedirs(d, exist_ok=True)
+        writer = dcp.FileSystemWriter(d, sync_files=True, thread_count=self.options.thread_count)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # single-process use warns about the missing group
+            future = dcp.async_save(state, storage_writer=writer)
+        _, tensors = manifest.flatten(state)
+        result = SaveResult(
+            name=name,
+            bytes=sum(t.numel() * t.element_size() for _, t in tensors),
+            wait_prev_s=wait_prev,
+            targets_used=1,
+        )
+        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
+        pending = PendingSave(result, t0)
+
+        def persist() -> None:
+            future.result()
+            manifest.fsync_dir(d)
+            manifest.fsync_dir(self.targets[0])
+
+        pending.run_in_background(persist)
+        self._pending = pending
+        return pending
+
+    def load(self, name: str, device: str = "cpu") -> Any:
+        from torch.distributed.checkpoint.state_dict_loader import (  # noqa: PLC0415
+            _load_state_dict_from_keys,
+        )
+
+        d = self.ckpt_dir(name)
+        if not os.path.exists(os.path.join(d, ".metadata")):
+            raise UserError(f"no complete checkpoint {name!r}: {d}/.metadata does not exist")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = _load_state_dict_from_keys(checkpoint_id=d)
+        if device != "cpu":
+            state = _to(state, device)
+        return state
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending._done.wait()
+
+
+def _to(obj: Any, device: str) -> Any:
+    import torch  # noqa: PLC0415
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj

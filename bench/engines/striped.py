@@ -1,0 +1,262 @@
+"""Machinery shared by the three data paths (gds, cpu-double, cpu-single).
+
+All three stripe the checkpoint over N targets (one data file per target, fixed-size chunks dealt
+round-robin, see bench.layout), write with a pool of `threads_per_target x N` threads (os.pwrite
+releases the GIL), fsync every file and directory, and then commit the manifest. They differ in
+where the bytes come from and how they are written:
+- snapshot engines (cpu-double, cpu-single) copy the state into a reusable staging buffer; the
+  stall ends there and a background thread persists from the buffer;
+- the direct engine (gds) writes from the tensors' own memory and the stall lasts until durable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bench import layout, manifest, odirect, sizes
+from bench.devices import detect
+from bench.engines.base import (
+    PendingSave,
+    SaveResult,
+    build_options,
+    check_name,
+    check_targets,
+)
+from bench.errors import UserError
+from bench.staging import Staging
+
+
+@dataclass(frozen=True, kw_only=True)
+class StripedOptions:
+    """Knobs of the striped data paths."""
+
+    chunk_bytes: int | str = "16MiB"  # stripe unit and largest single write
+    threads_per_target: int = 2  # writer threads per target
+    checksums: bool = True  # xxh3 per tensor, computed on the persist path, checked on load
+    device: str = "auto"  # where snapshots come from: auto, cuda or host-emulated
+
+    def __post_init__(self) -> None:
+        chunk = sizes.parse_size(self.chunk_bytes, "chunk_bytes")
+        if chunk % odirect.ALIGN:
+            raise ValueError(f"chunk_bytes must be a multiple of {odirect.ALIGN}, got {chunk}")
+        object.__setattr__(self, "chunk_bytes", chunk)
+        if not isinstance(self.threads_per_target, int) or self.threads_per_target < 1:
+            raise ValueError(f"threads_per_target must be a positive integer, got {self.threads_per_target!r}")
+        if not isinstance(self.checksums, bool):
+            raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
+
+
+def _now() -> int:
+    return time.perf_counter_ns()
+
+
+class StripedEngine:
+    """Base of the three data paths; subclasses set `name`, `o_direct` and `_snapshot()`."""
+
+    name: ClassVar[str]
+    o_direct: ClassVar[bool]
+    Options: ClassVar[type] = StripedOptions
+
+    def __init__(self, targets: list[str], **options: Any) -> None:
+        self.options = build_options(self.Options, self.name, options)
+        self.targets = check_targets(self.name, targets)
+        if self.o_direct:
+            for t in self.targets:
+                reason = odirect.probe(t)
+                if reason:
+                    raise UserError(f"target {t}: {reason}; engine {self.name} needs O_DIRECT")
+        try:
+            self.device = detect(self.options.device)
+        except UserError as e:
+            raise UserError(f"engine {self.name}: {e}") from None
+        self.staging = Staging(self.device)
+        n_threads = self.options.threads_per_target * len(self.targets)
+        self._pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"{self.name}-io")
+        self._pending: PendingSave | None = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return None
+
+    # -- save -------------------------------------------------------------------------------
+
+    def save(self, state: Any, name: str) -> PendingSave:
+        t0 = _now()
+        check_name(name)
+        wait_prev = 0.0
+        if self._pending is not None and not self._pending.done():
+            self._pending._done.wait()  # its error, if any, is reported by its own wait()
+            wait_prev = (_now() - t0) / 1e9
+        tree, tensors = manifest.flatten(state)
+        entries = [manifest.tensor_entry(p, t) for p, t in tensors]
+        result = SaveResult(
+            name=name,
+            bytes=sum(e.nbytes for e in entries),
+            wait_prev_s=wait_prev,
+            checksums=self.options.checksums,
+            gds_mode=self.gds_mode(),
+        )
+        pending = PendingSave(result, t0)
+        self._prepare_dirs(name)
+        with torch.no_grad():
+            self._save(pending, tree, tensors, entries)
+        self._pending = pending
+        return pending
+
+    def _save(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
+        raise NotImplementedError
+
+    def gds_mode(self) -> str:
+        return "n/a"
+
+    def _prepare_dirs(self, name: str) -> None:
+        # An older checkpoint of the same name stops being complete before its files change.
+        manifest.uncommit(self.targets, name)
+        for t in self.targets:
+            os.makedirs(manifest.checkpoint_dir(t, name), exist_ok=True)
+
+    def _persist(
+        self,
+        result: SaveResult,
+        name: str,
+        tree: Any,
+        entries: list[manifest.TensorEntry],
+        pieces: list[layout.Piece],
+        file_bytes: dict[int, int],
+        hash_views: list[np.ndarray],
+    ) -> None:
+        """Write every piece, hash, fsync files and directories, then commit the manifest."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.o_direct else 0)
+        fds: dict[int, int] = {}
+        try:
+            for t in file_bytes:
+                fds[t] = os.open(layout.data_file(self.targets, name, t), flags, 0o644)
+            futures: list[Future] = [
+                self._pool.submit(layout.write_piece, fds[p.target], p, self.o_direct)
+                for p in pieces
+            ]
+            if self.options.checksums:
+                h0 = _now()
+                for e, view in zip(entries, hash_views, strict=True):
+                    e.xxh3 = manifest.checksum(view)
+                result.hash_s = (_now() - h0) / 1e9
+            for f in futures:
+                f.result()
+            for t, fd in fds.items():
+                # O_DIRECT pads the last block; the file keeps exactly its data.
+                if os.fstat(fd).st_size != file_bytes[t]:
+                    os.ftruncate(fd, file_bytes[t])
+            list(self._pool.map(os.fsync, fds.values()))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        self._commit(result, tree, entries, file_bytes)
+
+    def _commit(
+        self,
+        result: SaveResult,
+        tree: Any,
+        entries: list[manifest.TensorEntry],
+        file_bytes: dict[int, int],
+    ) -> None:
+        """Make the new directory entries durable, then commit the manifest (the last write)."""
+        name = result.name
+        for t in self.targets:
+            manifest.fsync_dir(manifest.checkpoint_dir(t, name))
+            manifest.fsync_dir(t)
+        m = manifest.Manifest(
+            name=name,
+            engine=self.name,
+            targets=self.targets,
+            files={
+                t: {"file": os.path.basename(layout.data_file(self.targets, name, t)), "bytes": n}
+                for t, n in file_bytes.items()
+            },
+            tensors=entries,
+            tree=tree,
+            checksums=self.options.checksums,
+            payload_bytes=result.bytes,
+            extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
+        )
+        manifest.commit(self.targets, m)
+        result.targets_used = len(file_bytes)
+
+    # -- load and housekeeping --------------------------------------------------------------
+
+    def load(self, name: str, device: str = "cpu") -> Any:
+        check_name(name)
+        m = manifest.read(self.targets, name)
+        tensors = layout.read_tensors(self.targets, m)
+        dev = torch.device(device)
+        if dev.type != "cpu":
+            tensors = [t.to(dev) for t in tensors]
+        return manifest.unflatten(m.tree, tensors)
+
+    def warm(self, state: Any) -> None:
+        """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
+
+    def cached_files(self, name: str) -> list[str]:
+        return [layout.data_file(self.targets, name, t) for t in range(len(self.targets))
+                if os.path.exists(layout.data_file(self.targets, name, t))]
+
+    def delete(self, name: str) -> None:
+        check_name(name)
+        if self._pending is not None:
+            self._pending._done.wait()
+        manifest.uncommit(self.targets, name)
+        for t in self.targets:
+            shutil.rmtree(manifest.checkpoint_dir(t, name), ignore_errors=True)
+
+    def wait_idle(self) -> None:
+        """Wait until no save is persisting."""
+        if self._pending is not None:
+            self._pending._done.wait()
+
+    def close(self) -> None:
+        self.wait_idle()
+        self._pool.shutdown(wait=True)
+        self.staging.release()
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.staging.pinned_bytes
+
+
+class SnapshotEngine(StripedEngine):
+    """cpu-double and cpu-single: snapshot into staging (the stall), persist in the background."""
+
+    def warm(self, state: Any) -> None:
+        _, tensors = manifest.flatten(state)
+        entries = [manifest.tensor_entry(p, t) for p, t in tensors]
+        self.wait_idle()
+        self.staging.ensure(layout.pack_offsets(entries)[1])
+
+    def _save(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
+        result = pending.result
+        offsets, used = layout.pack_offsets(entries)
+        result.staging_grew = self.staging.ensure(used)
+        staging = self.staging.tensor
+        for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
+            if e.nbytes:
+                dst = staging[off : off + e.nbytes].view(t.dtype).view(t.shape)
+                dst.copy_(t, non_blocking=True)
+        self.device.synchronize()
+        result.pinned_bytes = self.staging.pinned_bytes
+        result.stall_s = (_now() - pending.t0_ns) / 1e9
+        arr = self.staging.array
+        pieces, file_bytes = layout.packed(
+            arr, used, entries, offsets, len(self.targets), self.options.chunk_bytes
+        )
+        views = [arr[off : off + e.nbytes] for e, off in zip(entries, offsets, strict=True)]
+        name = result.name
+        pending.run_in_background(
+            lambda: self._persist(result, name, tree, entries, pieces, file_bytes, views)
+        )

@@ -1,0 +1,224 @@
+"""Striping: which bytes of memory go to which target file at which offset, and reading back.
+
+Two layouts, one on-disk format (a data file per target; each tensor a list of extents
+`[target, file_offset, length]`):
+- `packed`: the CPU paths pack every tensor into one aligned staging buffer; the buffer is cut
+  into fixed-size chunks dealt round-robin to the targets, so each target's file is dense and
+  every write is aligned for O_DIRECT (the last one padded, the file then truncated to its length).
+- `direct`: the GDS path writes from the tensors' own memory. Each tensor is cut at absolute
+  addresses that are multiples of the chunk size; each piece is placed in its target's file at an
+  offset congruent to its address modulo the alignment, in blocks of its own, so that the aligned
+  middle is written in place and only the head and tail blocks go through a small bounce buffer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench import odirect
+from bench.errors import ChecksumError, UserError
+from bench.manifest import Manifest, TensorEntry, checkpoint_dir, checksum, dtype_from_name
+
+TENSOR_ALIGN = 64  # offset of each tensor inside a staging buffer: enough for any dtype
+
+
+@dataclass
+class Piece:
+    """One write: `length` bytes of `mem` starting at `start` go to `target` at `file_offset`."""
+
+    target: int
+    file_offset: int
+    mem: Any  # uint8, 1-D: a numpy array (host) or a torch tensor (device memory)
+    start: int
+    length: int
+
+    @property
+    def address(self) -> int:
+        return _address(self.mem) + self.start
+
+
+def _address(mem: Any) -> int:
+    return mem.data_ptr() if isinstance(mem, torch.Tensor) else mem.ctypes.data
+
+
+def pack_offsets(entries: list[TensorEntry]) -> tuple[list[int], int]:
+    """Offsets of each tensor in a staging buffer (64-byte aligned) and the total used."""
+    offsets = []
+    pos = 0
+    for e in entries:
+        pos = (pos + TENSOR_ALIGN - 1) // TENSOR_ALIGN * TENSOR_ALIGN
+        offsets.append(pos)
+        pos += e.nbytes
+    return offsets, pos
+
+
+def packed(
+    staging: np.ndarray,
+    used: int,
+    entries: list[TensorEntry],
+    offsets: list[int],
+    n_targets: int,
+    chunk: int,
+) -> tuple[list[Piece], dict[int, int]]:
+    """Pieces for a packed staging buffer, and each target's file length; fills entry extents."""
+    pieces = []
+    n_chunks = (used + chunk - 1) // chunk
+    for j in range(n_chunks):
+        start = j * chunk
+        length = min(chunk, used - start)
+        pieces.append(Piece(j % n_targets, (j // n_targets) * chunk, staging, start, length))
+    file_bytes: dict[int, int] = {}
+    for p in pieces:
+        file_bytes[p.target] = max(file_bytes.get(p.target, 0), p.file_offset + p.length)
+    for e, off in zip(entries, offsets, strict=True):
+        e.extents = []
+        pos, end = off, off + e.nbytes
+        while pos < end:
+            j = pos // chunk
+            take = min(end, (j + 1) * chunk) - pos
+            e.extents.append([j % n_targets, (j // n_targets) * chunk + pos - j * chunk, take])
+            pos += take
+    return pieces, file_bytes
+
+
+def direct(
+    mems: list[Any], entries: list[TensorEntry], n_targets: int, chunk: int
+) -> tuple[list[Piece], dict[int, int]]:
+    """Pieces that write each tensor from its own memory; fills entry extents."""
+    pieces = []
+    cursor = [0] * n_targets
+    turn = 0
+    a = odirect.ALIGN
+    for mem, e in zip(mems, entries, strict=True):
+        e.extents = []
+        base = _address(mem)
+        pos = 0
+        while pos < e.nbytes:
+            addr = base + pos
+            take = min(e.nbytes - pos, (addr // chunk + 1) * chunk - addr)
+            t = turn % n_targets
+            turn += 1
+            file_offset = cursor[t] + addr % a
+            cursor[t] = odirect.align_up(file_offset + take)
+            pieces.append(Piece(t, file_offset, mem, pos, take))
+            e.extents.append([t, file_offset, take])
+            pos += take
+    file_bytes = {t: cursor[t] for t in range(n_targets) if cursor[t]}
+    return pieces, file_bytes
+
+
+def write_piece(fd: int, piece: Piece, o_direct: bool) -> None:
+    """Write one piece; with O_DIRECT the aligned middle goes straight from memory."""
+    view = memoryview(piece.mem)[piece.start : piece.start + piece.length]
+    if not o_direct:
+        odirect.pwrite_all(fd, view, piece.file_offset)
+        return
+    a = odirect.ALIGN
+    misalign = piece.address % a
+    if misalign != piece.file_offset % a:
+        raise AssertionError("layout placed a piece at a file offset not congruent to its address")
+    head = min((a - misalign) % a, piece.length)
+    mid = odirect.align_down(piece.length - head)
+    tail = piece.length - head - mid
+    if head:
+        _bounce(fd, view[:head], piece.file_offset - misalign, misalign)
+    if mid:
+        odirect.pwrite_all(fd, view[head : head + mid], piece.file_offset + head)
+    if tail:
+        _bounce(fd, view[head + mid :], piece.file_offset + head + mid, 0)
+
+
+def _bounce(fd: int, data: memoryview, block_offset: int, at: int) -> None:
+    """Write `data` placed at `at` in zeroed aligned blocks starting at `block_offset`."""
+    buf = odirect.HostBuffer(at + len(data), prefault=False)
+    try:
+        buf.array[at : at + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        odirect.pwrite_all(fd, memoryview(buf.array), block_offset)
+    finally:
+        buf.close()
+
+
+def data_file(targets: list[str], name: str, t: int) -> str:
+    return os.path.join(checkpoint_dir(targets[t], name), f"data-{t}.bin")
+
+
+def read_tensors(
+    targets: list[str],
+    manifest: Manifest,
+    alloc: Callable[[int], torch.Tensor] | None = None,
+    threads: int = 4,
+) -> list[torch.Tensor]:
+    """Read every tensor of a checkpoint into host memory and check its checksum.
+
+    Raises ChecksumError naming the tensor and file on a mismatch, UserError on missing or
+    short files.
+    """
+    fds: dict[int, int] = {}
+    try:
+        for t, info in manifest.files.items():
+            path = data_file(targets, manifest.name, t)
+            try:
+                fds[t] = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise UserError(f"checkpoint {manifest.name!r}: data file {path} is missing") from None
+            size = os.fstat(fds[t]).st_size
+            if size < info["bytes"]:
+                raise UserError(
+                    f"checkpoint {manifest.name!r}: data file {path} is truncated "
+                    f"({size} of {info['bytes']} bytes)"
+                )
+        out = [
+            (alloc or _alloc)(e.nbytes) for e in manifest.tensors
+        ]
+
+        def read_one(i: int) -> None:
+            e = manifest.tensors[i]
+            arr = out[i].numpy()
+            pos = 0
+            for t, off, length in e.extents:
+                odirect.pread_into(fds[t], memoryview(arr)[pos : pos + length], off)
+                pos += length
+            if manifest.checksums and e.xxh3 is not None and checksum(arr) != e.xxh3:
+                files = sorted({data_file(targets, manifest.name, x[0]) for x in e.extents})
+                raise ChecksumError(
+                    f"checkpoint {manifest.name!r}: tensor state{e.path} does not match its "
+                    f"checksum (file {', '.join(files)})"
+                )
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(read_one, range(len(manifest.tensors))))
+        return [
+            _typed(buf, e) for buf, e in zip(out, manifest.tensors, strict=True)
+        ]
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _alloc(n: int) -> torch.Tensor:
+    return torch.empty(n, dtype=torch.uint8)
+
+
+def _typed(buf: torch.Tensor, e: TensorEntry) -> torch.Tensor:
+    dtype = dtype_from_name(e.dtype)
+    if e.nbytes == 0:
+        return torch.empty(e.shape, dtype=dtype)
+    return buf.view(dtype).view(e.shape)
+
+
+def drop_cached(targets: list[str], manifest: Manifest) -> None:
+    """Ask the kernel to drop this checkpoint's pages from the page cache (no root needed)."""
+    for t in manifest.files:
+        path = data_file(targets, manifest.name, t)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

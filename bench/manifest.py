@@ -1,0 +1,232 @@
+"""The checkpoint manifest: the state's structure, every tensor's place on disk, checksums.
+
+A checkpoint named NAME saved over targets T0..Tn-1 is:
+- `Ti/NAME/data-i.bin` for every target that holds data (the striped tensor bytes), and
+- `T0/NAME/manifest.json`, written last and atomically (temp file, fsync, rename, fsync of the
+  directory). Without a manifest there is no checkpoint: a save that died before its commit is
+  never taken for a complete one. The order of targets matters: the manifest lives in the first
+  target, and extents name targets by index; the manifest records the list it was saved with
+  and loading with another list is refused.
+
+The state tree (nested dicts, OrderedDicts, lists, tuples; tensors; ints, floats, bools, strings
+and None, also as keys) is stored as tagged JSON nodes so that keys and container types round-trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import xxhash
+
+from bench.errors import UserError
+
+FORMAT = "ckptbench-1"
+MANIFEST = "manifest.json"
+
+
+def checksum(view: Any) -> str:
+    """xxh3-64 of a bytes-like object, as 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(view)
+
+
+@dataclass
+class TensorEntry:
+    """One tensor: where it sits in the tree, its type, and its extents (target, offset, length)."""
+
+    path: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    extents: list[list[int]] = field(default_factory=list)
+    xxh3: str | None = None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise UserError(f"manifest: unknown dtype {name!r}")
+    return dt
+
+
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def flatten(state: Any) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
+    """Encode a state tree as JSON nodes; tensors are replaced by indexes into the list returned."""
+    tensors: list[tuple[str, torch.Tensor]] = []
+
+    def enc_key(k: Any, path: str) -> Any:
+        if isinstance(k, _SCALARS):
+            return {"v": k}
+        if isinstance(k, tuple):
+            return {"tuple": [enc_key(x, path) for x in k]}
+        raise UserError(f"state{path}: cannot store a key of type {type(k).__name__}")
+
+    def enc(obj: Any, path: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_sparse or obj.layout != torch.strided:
+                raise UserError(f"state{path}: only dense (strided) tensors can be stored")
+            tensors.append((path, obj))
+            return {"T": len(tensors) - 1}
+        if isinstance(obj, dict):
+            tag = "odict" if isinstance(obj, OrderedDict) else "dict"
+            if type(obj) not in (dict, OrderedDict):
+                raise UserError(f"state{path}: cannot store a {type(obj).__name__}")
+            return {tag: [[enc_key(k, path), enc(v, f"{path}[{k!r}]")] for k, v in obj.items()]}
+        if type(obj) in (list, tuple):
+            tag = "list" if isinstance(obj, list) else "tuple"
+            return {tag: [enc(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
+        if isinstance(obj, _SCALARS):
+            return {"v": obj}
+        raise UserError(
+            f"state{path}: cannot store a value of type {type(obj).__name__} "
+            "(tensors, dicts, lists, tuples, ints, floats, bools, strings and None can)"
+        )
+
+    return enc(state, ""), tensors
+
+
+def unflatten(node: Any, tensors: list[torch.Tensor]) -> Any:
+    """The inverse of `flatten`: rebuild the tree around loaded tensors."""
+    if "T" in node:
+        return tensors[node["T"]]
+    if "v" in node:
+        return node["v"]
+    if "dict" in node or "odict" in node:
+        items = node.get("dict", node.get("odict"))
+        out = {} if "dict" in node else OrderedDict()
+        for k, v in items:
+            out[unflatten(k, tensors)] = unflatten(v, tensors)
+        return out
+    if "list" in node:
+        return [unflatten(v, tensors) for v in node["list"]]
+    if "tuple" in node:
+        return tuple(unflatten(v, tensors) for v in node["tuple"])
+    raise UserError(f"manifest: unknown node {sorted(node)}")
+
+
+@dataclass
+class Manifest:
+    """Everything needed to find, load and verify a checkpoint."""
+
+    name: str
+    engine: str
+    targets: list[str]
+    files: dict[int, dict[str, Any]]  # target index -> {"file": relative name, "bytes": size}
+    tensors: list[TensorEntry]
+    tree: Any
+    checksums: bool
+    payload_bytes: int
+    format: str = FORMAT
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = {
+            "format": self.format,
+            "name": self.name,
+            "engine": self.engine,
+            "targets": self.targets,
+            "files": {str(k): v for k, v in self.files.items()},
+            "checksums": "xxh3_64" if self.checksums else None,
+            "payload_bytes": self.payload_bytes,
+            "extra": self.extra,
+            "tree": self.tree,
+            "tensors": [t.__dict__ for t in self.tensors],
+        }
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Manifest:
+        try:
+            d = json.loads(text)
+            if d.get("format") != FORMAT:
+                raise UserError(f"{where}: not a {FORMAT} manifest (format {d.get('format')!r})")
+            return cls(
+                name=d["name"],
+                engine=d["engine"],
+                targets=list(d["targets"]),
+                files={int(k): v for k, v in d["files"].items()},
+                tensors=[TensorEntry(**t) for t in d["tensors"]],
+                tree=d["tree"],
+                checksums=d["checksums"] is not None,
+                payload_bytes=int(d["payload_bytes"]),
+                extra=d.get("extra", {}),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"{where}: manifest is damaged ({type(e).__name__}: {e})") from None
+
+
+def checkpoint_dir(target: str, name: str) -> str:
+    return os.path.join(target, name)
+
+
+def manifest_path(targets: list[str], name: str) -> str:
+    return os.path.join(checkpoint_dir(targets[0], name), MANIFEST)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(targets: list[str], manifest: Manifest) -> None:
+    """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
+    final = manifest_path(targets, manifest.name)
+    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(os.path.dirname(final))
+
+
+def uncommit(targets: list[str], name: str) -> None:
+    """Remove an existing manifest (durably) before its data files are overwritten."""
+    path = manifest_path(targets, name)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(os.path.dirname(path))
+
+
+def read(targets: list[str], name: str) -> Manifest:
+    """The committed manifest of checkpoint `name`; a clear error if missing or for other targets."""
+    path = manifest_path(targets, name)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UserError(
+            f"no complete checkpoint {name!r}: {path} does not exist "
+            "(never saved, interrupted before its commit, or saved with another first target)"
+        ) from None
+    m = Manifest.from_json(text, path)
+    saved = [os.path.realpath(t) for t in m.targets]
+    given = [os.path.realpath(t) for t in targets]
+    if saved != given:
+        raise UserError(
+            f"checkpoint {name!r} was saved on targets {m.targets}, "
+            f"but the engine was created with {list(targets)}; use the same targets in the same order"
+        )
+    return m
+
+
+def tensor_entry(path: str, t: torch.Tensor) -> TensorEntry:
+    return TensorEntry(
+        path=path, dtype=_dtype_name(t.dtype), shape=list(t.shape), nbytes=t.numel() * t.element_size()
+    )
