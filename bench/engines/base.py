@@ -41,7 +41,7 @@ class SaveResult:
     targets_used: int = 0
     copied_tensors: int = 0  # tensors that needed a copy (non-contiguous) on a zero-copy path
     checksums: bool = False
-    gds_mode: str = "n/a"  # gds engine: gds, compat or emulated
+    gds_mode: str = "none"  # gds engine: gds, compat or emulated; "none" for the others
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,6 +99,7 @@ class Engine(Protocol):
     """What every engine module provides."""
 
     name: ClassVar[str]
+    stripes: ClassVar[bool]  # whether it spreads a checkpoint over all its targets
     targets: list[str]
 
     @classmethod

@@ -15,6 +15,7 @@ class BaselineEngine:
 
     name: str
     Options: type
+    stripes = False  # writes into the first target only
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         self.options = build_options(self.Options, self.name, options)

@@ -22,6 +22,9 @@ from bench.engines.base import PendingSave, SaveResult, register
 from bench.engines.baseline import BaselineEngine
 from bench.errors import UserError
 
+# Single-process use is intended here; DCP warns about it on every call, from its own threads.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
 
 @dataclass(frozen=True, kw_only=True)
 class DcpOptions:

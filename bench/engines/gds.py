@@ -16,6 +16,7 @@ Two I/O back ends, chosen by the `io` option:
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -141,8 +142,14 @@ class Gds(StripedEngine):
                 files[p.target].pwrite(p.mem[p.start : p.start + p.length], p.length, p.file_offset)
                 for p in pieces
             ]
-            for f in futures:
-                f.get()
+            written = [f.get() for f in futures]
+            # A short write is not an error to cuFile; all futures are done before we raise.
+            for p, n in zip(pieces, written, strict=True):
+                if n != p.length:
+                    path = layout.data_file(self.targets, name, p.target)
+                    raise OSError(
+                        errno.EIO, f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}", path
+                    )
             self._device_sync()
         finally:
             for f in files.values():

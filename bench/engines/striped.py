@@ -63,6 +63,7 @@ class StripedEngine:
 
     name: ClassVar[str]
     o_direct: ClassVar[bool]
+    stripes: ClassVar[bool] = True  # spreads its files over all targets
     Options: ClassVar[type] = StripedOptions
 
     def __init__(self, targets: list[str], **options: Any) -> None:
@@ -115,7 +116,7 @@ class StripedEngine:
         raise NotImplementedError
 
     def gds_mode(self) -> str:
-        return "n/a"
+        return "none"
 
     def _prepare_dirs(self, name: str) -> None:
         # An older checkpoint of the same name stops being complete before its files change.

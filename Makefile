@@ -1,0 +1,64 @@
+# ckptbench: `make bench` runs the main job, `make test` the tests. Both bootstrap .venv.
+#
+# torch: without a GPU the CPU wheel is installed (TORCH=torch==2.13.0); a bare `torch` would
+# pull several GB of CUDA build. With a GPU (nvidia-smi lists one) the default PyPI torch (a CUDA
+# build) and the `gds` extra (kvikio + cupy for the driver's CUDA major) are installed.
+# Pick a build by hand with e.g. `make TORCH='torch==2.9.1' bench`, or
+# `make TORCH='torch --index-url https://download.pytorch.org/whl/cu128' bench`.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONFIG ?= configs/default.yaml
+ARGS   ?=
+
+HAS_GPU    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1)
+ifeq ($(HAS_GPU),1)
+TORCH  ?= torch
+EXTRAS ?= dev,$(if $(filter 12,$(CUDA_MAJOR)),gds-cu12,gds)
+else
+TORCH  ?= torch==2.13.0
+EXTRAS ?= dev
+endif
+
+.PHONY: bench test lint format engines gpu-wheels gpu-check clean-scratch help
+
+help:
+	@echo "make bench    run $(CONFIG) (ARGS='--set repetitions=5' to override)"
+	@echo "make test     run the tests"
+	@echo "make engines  list the engines and whether each runs here"
+	@echo "make lint     ruff check + format check"
+	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+bench: $(BIN)/.installed
+	$(BIN)/ckptbench run $(CONFIG) $(ARGS)
+
+test: $(BIN)/.installed
+	$(BIN)/pytest -q $(ARGS)
+
+engines: $(BIN)/.installed
+	$(BIN)/ckptbench engines
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check bench analysis tests scripts
+	$(BIN)/ruff format --check bench analysis tests scripts
+
+format: $(BIN)/.installed
+	$(BIN)/ruff format bench analysis tests scripts
+	$(BIN)/ruff check --fix bench analysis tests scripts
+
+gpu-wheels:
+	bash scripts/gpu_wheels.sh
+
+gpu-check:
+	bash scripts/gpu_check.sh
+
+clean-scratch:
+	rm -rf scratch

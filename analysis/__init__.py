@@ -1,0 +1,1 @@
+"""Analysis of results files (reports, model, comparisons); reads results, never runs an engine."""

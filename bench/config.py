@@ -1,0 +1,206 @@
+"""Sweep configs: strict YAML -> frozen, validated Config; every error names its key path.
+
+Axes (each a list, expanded to a cartesian product by the runner): `engines`, `total_sizes` x
+`tensor_sizes` (synthetic states) and/or `models` (model-shaped presets), `ssd_counts` (each takes
+the first N entries of `targets`). Unknown keys and bad values fail before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Annotated, Any, Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from bench import sizes
+from bench.engines import REGISTRY
+from bench.engines.base import build_options
+from bench.errors import UserError
+from bench.workloads import PRESETS
+
+
+def _size(v: Any) -> int:
+    try:
+        return sizes.parse_size(v, "value")
+    except UserError as e:
+        raise ValueError(str(e).removeprefix("value: ")) from None
+
+
+Size = Annotated[int, BeforeValidator(_size)]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelSpec(_Strict):
+    """A model-shaped preset (see bench.workloads.models)."""
+
+    preset: str
+    optimizer: bool = True
+    dtype: str = "float32"
+    world_size: PosInt = 8
+    rank: Annotated[int, Field(ge=0)] = 0
+
+
+class Config(_Strict):
+    """One sweep. Sizes are bytes after validation."""
+
+    name: str = "run"
+    engines: Annotated[list[str], Field(min_length=1)]
+    total_sizes: list[Size] = []
+    tensor_sizes: list[Size] = []
+    dtype: str = "float32"
+    models: list[ModelSpec] = []
+    ssd_counts: Annotated[list[PosInt], Field(min_length=1)] = [1]
+    targets: list[str] = []
+    scratch: str = "scratch/bench"
+    repetitions: PosInt = 3
+    warmups: Annotated[int, Field(ge=0)] = 1
+    device: Literal["auto", "cuda", "host-emulated"] = "auto"
+    seed: int = 0
+    verify: bool = True
+    on_error: Literal["continue", "stop"] = "continue"
+    engine_options: dict[str, dict[str, Any]] = {}
+
+    def synthetic_cases(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(total, tensor) pairs to run, and those skipped because tensor > total."""
+        run, skipped = [], []
+        for total in self.total_sizes:
+            for tensor in self.tensor_sizes:
+                (skipped if tensor > total else run).append((total, tensor))
+        return run, skipped
+
+    def resolved_targets(self) -> list[str]:
+        """The targets: as given, or `scratch/target-i` for as many as the largest SSD count."""
+        if self.targets:
+            return [os.path.abspath(t) for t in self.targets]
+        return [os.path.abspath(os.path.join(self.scratch, f"target-{i}"))
+                for i in range(max(self.ssd_counts))]  # fmt: skip
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _check(cfg: Config) -> None:
+    for i, e in enumerate(cfg.engines):
+        if e not in REGISTRY:
+            raise UserError(f"engines.{i}: unknown engine {e!r} (known: {', '.join(REGISTRY)})")
+    if len(set(cfg.engines)) != len(cfg.engines):
+        raise UserError(f"engines: an engine is listed twice in {cfg.engines}")
+    for e, opts in cfg.engine_options.items():
+        if e not in REGISTRY:
+            raise UserError(f"engine_options.{e}: unknown engine {e!r}")
+        try:
+            build_options(REGISTRY[e].Options, e, opts)
+        except UserError as err:
+            raise UserError(f"engine_options.{e}: {err}") from None
+    if cfg.targets and max(cfg.ssd_counts) > len(cfg.targets):
+        raise UserError(
+            f"ssd_counts: {max(cfg.ssd_counts)} SSDs asked for, but targets lists only {len(cfg.targets)}"
+        )
+    if not cfg.models and not (cfg.total_sizes and cfg.tensor_sizes):
+        raise UserError("total_sizes, tensor_sizes: give both (synthetic states) and/or models")
+    if bool(cfg.total_sizes) != bool(cfg.tensor_sizes):
+        raise UserError("total_sizes, tensor_sizes: give both or neither")
+    dtypes = [("dtype", cfg.dtype)] + [(f"models.{i}.dtype", m.dtype) for i, m in enumerate(cfg.models)]
+    for key, name in dtypes:
+        if not isinstance(getattr(torch, name, None), torch.dtype):
+            raise UserError(f"{key}: unknown dtype {name!r} (e.g. float32, bfloat16, float16, uint8)")
+    item = getattr(torch, cfg.dtype).itemsize
+    for key in ("total_sizes", "tensor_sizes"):
+        for i, v in enumerate(getattr(cfg, key)):
+            if v % item:
+                raise UserError(f"{key}.{i}: {v} bytes is not a multiple of the {cfg.dtype} size ({item} B)")
+    run, _ = cfg.synthetic_cases()
+    if cfg.total_sizes and not run:
+        raise UserError("tensor_sizes: every tensor size is larger than every total size")
+    for i, m in enumerate(cfg.models):
+        if m.preset not in PRESETS:
+            raise UserError(f"models.{i}.preset: unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
+        if m.rank >= m.world_size:
+            raise UserError(f"models.{i}.rank: {m.rank} must be below world_size {m.world_size}")
+
+
+def _set(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one `--set key.path=value` (value parsed as YAML) to the raw config."""
+    if "=" not in assignment:
+        raise UserError(f"--set {assignment!r}: expected key=value, e.g. repetitions=5")
+    key, text = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise UserError(f"--set {assignment!r}: bad key {key!r}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise UserError(f"--set {assignment!r}: cannot parse the value {text!r}") from None
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise UserError(f"--set {assignment!r}: {p} is not a mapping")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def from_dict(raw: Any, where: str = "config") -> Config:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
+    # A model given as a bare name is a preset with its defaults.
+    if isinstance(raw.get("models"), list):
+        raw = {**raw, "models": [{"preset": m} if isinstance(m, str) else m for m in raw["models"]]}
+    try:
+        cfg = Config(**raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in err and not isinstance(err["input"], dict | list):
+            msg = f"{msg}, got {err['input']!r}"
+        raise UserError(f"{where}: {_loc(err['loc'])}: {msg}") from None
+    try:
+        _check(cfg)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+    return cfg
+
+
+def load(path: str, overrides: list[str] | None = None) -> Config:
+    """Read, override (`--set`) and validate a YAML config."""
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise UserError(f"config {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"config {path}: is a directory") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"config {path}: not valid YAML{line}") from None
+    raw = raw if raw is not None else {}
+    if not isinstance(raw, dict):
+        raise UserError(f"config {path}: expected a mapping of keys, got {type(raw).__name__}")
+    for a in overrides or []:
+        _set(raw, a)
+    return from_dict(raw, f"config {path}")
+
+
+def resolved(cfg: Config) -> dict[str, Any]:
+    """The fully resolved config, as stored with the results (sizes in bytes, targets absolute)."""
+    d = cfg.model_dump()
+    d["targets"] = cfg.resolved_targets()
+    d["engine_options"] = {
+        e: dataclasses.asdict(build_options(REGISTRY[e].Options, e, cfg.engine_options.get(e, {})))
+        for e in cfg.engines
+    }
+    run, skipped = cfg.synthetic_cases()
+    d["skipped_cases"] = [{"total_bytes": t, "tensor_bytes": s, "why": "tensor larger than total"}
+                          for t, s in skipped]  # fmt: skip
+    return d

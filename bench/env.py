@@ -1,0 +1,163 @@
+"""The environment block stored with every run (env.json): enough to tell whether two runs can
+be compared, and to invalidate one that was not what it claimed.
+
+Host, CPU, memory, kernel; filesystem type, mount point and block device of each target (and
+whether they share one device, in which case SSD-count scaling is not real scaling); GPU model,
+driver and PCIe link; kvikio and cuFile versions and mode; package versions; git commit.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from typing import Any
+
+import psutil
+import torch
+
+PACKAGES = ["torch", "numpy", "pandas", "matplotlib", "pydantic", "xxhash", "bitmath", "psutil",
+            "kvikio-cu12", "kvikio-cu13", "cupy-cuda12x", "cupy-cuda13x", "ckptbench"]  # fmt: skip
+
+
+def _run(cmd: list[str], cwd: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=cwd, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mount_of(path: str) -> dict[str, str]:
+    """Mount point, filesystem type and source of the mount holding `path`."""
+    best = {"mount": "/", "fstype": "unknown", "source": "unknown"}
+    real = os.path.realpath(path)
+    for p in psutil.disk_partitions(all=True):
+        mp = p.mountpoint
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best["mount"]):
+            best = {"mount": mp, "fstype": p.fstype, "source": p.device}
+    return best
+
+
+def _block_device(path: str) -> dict[str, Any]:
+    """The block device behind a path, from sysfs: name, model, rotational, block sizes."""
+    st = os.stat(path)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    info: dict[str, Any] = {"dev": f"{major}:{minor}"}
+    sys_dev = f"/sys/dev/block/{major}:{minor}"
+    if not os.path.exists(sys_dev):
+        return info
+    real = os.path.realpath(sys_dev)
+    info["name"] = os.path.basename(real)
+    # A partition's queue/ and device/ live in its parent disk's directory.
+    disk = real if os.path.exists(os.path.join(real, "queue")) else os.path.dirname(real)
+    for key, rel in [("model", "device/model"), ("rotational", "queue/rotational"),
+                     ("logical_block_size", "queue/logical_block_size"),
+                     ("max_sectors_kb", "queue/max_sectors_kb"), ("scheduler", "queue/scheduler")]:  # fmt: skip
+        try:
+            with open(os.path.join(disk, rel)) as f:
+                info[key] = f.read().strip()
+        except OSError:
+            pass
+    info["disk"] = os.path.basename(disk)
+    return info
+
+
+def targets_info(targets: list[str]) -> dict[str, Any]:
+    """Per-target filesystem and device, and whether all targets share one device."""
+    rows = []
+    for t in targets:
+        usage = shutil.disk_usage(t)
+        rows.append({"path": t, **_mount_of(t), "block": _block_device(t),
+                     "free_bytes": usage.free, "total_bytes": usage.total})  # fmt: skip
+    devs = {r["block"]["dev"] for r in rows}
+    return {
+        "targets": rows,
+        "distinct_devices": len(devs),
+        "shared_device": len(devs) == 1 and len(rows) > 1,
+    }
+
+
+def gpu_info() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"present": False}
+    info: dict[str, Any] = {"present": True, "name": torch.cuda.get_device_name(0),
+                            "cuda": torch.version.cuda, "count": torch.cuda.device_count()}  # fmt: skip
+    q = _run(["nvidia-smi", "--query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current",
+              "--format=csv,noheader"])  # fmt: skip
+    if q:
+        parts = [p.strip() for p in q.splitlines()[0].split(",")]
+        if len(parts) == 3:
+            info.update(driver=parts[0], pcie_gen=parts[1], pcie_width=parts[2])
+    return info
+
+
+def kvikio_info() -> dict[str, Any]:
+    """kvikio and cuFile versions and the mode kvikio would use; absent when it cannot load."""
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "no CUDA device (kvikio needs libcuda.so.1)"}
+    try:
+        import kvikio  # noqa: PLC0415
+    except ImportError as e:
+        return {"available": False, "reason": f"kvikio not installed ({e})"}
+    from bench.engines.gds import kvikio_mode  # noqa: PLC0415
+
+    info: dict[str, Any] = {"available": True, "version": getattr(kvikio, "__version__", None),
+                            "mode": kvikio_mode(kvikio)}  # fmt: skip
+    for key, fn in [("compat_mode", lambda: str(kvikio.defaults.get("compat_mode"))),
+                    ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version())]:  # fmt: skip
+        try:
+            info[key] = fn()
+        except Exception as e:  # noqa: BLE001 - record, never fail the run for it
+            info[key] = f"unknown ({type(e).__name__})"
+    return info
+
+
+def packages() -> dict[str, str]:
+    out = {}
+    for p in PACKAGES:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> dict[str, Any]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=here)
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here)
+    return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None}
+
+
+def collect(targets: list[str]) -> dict[str, Any]:
+    """The whole environment block for a run over `targets`."""
+    vm = psutil.virtual_memory()
+    return {
+        "host": socket.gethostname(),
+        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count()},
+        "memory_bytes": vm.total,
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "user_is_root": os.geteuid() == 0,
+        "storage": targets_info(targets),
+        "gpu": gpu_info(),
+        "kvikio": kvikio_info(),
+        "packages": packages(),
+        "git": git_commit(),
+    }

@@ -1,0 +1,76 @@
+"""Result rows: the schema, the run directory, appending rows durably, reading them back.
+
+One tidy row per repetition; base units in the names (`_bytes`, `_s`); warm-ups flagged.
+GB/s is derived in analysis, never stored.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import os
+import uuid
+from typing import Any
+
+COLUMNS = [
+    "run_id", "case_id", "engine", "device", "emulated", "gds_mode", "workload",
+    "total_bytes", "tensor_bytes", "n_tensors", "n_targets", "targets_used", "rep", "warmup",
+    "stall_s", "persist_s", "total_s", "restore_s", "hash_s", "wait_prev_s",
+    "pinned_bytes", "page_cache_peak_bytes", "rss_peak_bytes", "cpu_user_s", "cpu_sys_s",
+    "checksums", "staging_grew", "copied_tensors", "cache_dropped", "dtype", "options",
+    "verified", "error",
+]  # fmt: skip
+
+
+def new_run_dir(root: str, config_name: str) -> tuple[str, str]:
+    """Create `root/<run-id>` (never an existing one); returns (run_id, path)."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = f"{stamp}-{config_name}-{uuid.uuid4().hex[:6]}"
+    path = os.path.join(root, run_id)
+    os.makedirs(path, exist_ok=False)
+    return run_id, path
+
+
+class RowWriter:
+    """Appends rows to results.csv, each flushed and fsync'd before the next case starts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        new = not os.path.exists(path)
+        self._f = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
+        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="raise")
+        if new:
+            self._w.writeheader()
+            self._sync()
+
+    def write(self, row: dict[str, Any]) -> None:
+        missing = [c for c in COLUMNS if c not in row]
+        if missing:
+            raise KeyError(f"result row lacks columns {missing}")
+        self._w.writerow(row)
+        self._sync()
+
+    def _sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write JSON atomically (temp file, fsync, rename)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_rows(run_dir: str) -> Any:
+    """results.csv of a run as a pandas DataFrame."""
+    import pandas as pd  # noqa: PLC0415 - analysis-only dependency at import time
+
+    return pd.read_csv(os.path.join(run_dir, "results.csv"))

@@ -1,0 +1,279 @@
+"""A sweep: config -> cases -> engine saves -> one row per repetition -> results/<run-id>/.
+
+For each SSD count N (the first N targets), for each workload (synthetic total x tensor size,
+then model presets): build the state once on the device, warm every engine's staging for it
+(outside the timed region), drop the page cache (root) and then run the repetitions with the
+engines alternating, warm-ups first and flagged. Each repetition saves, waits until durable,
+evicts the checkpoint's pages, restores, compares with the source byte for byte, and deletes
+the checkpoint. Every row is flushed to disk before the next save starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from bench import config as config_mod
+from bench import devices, env, measure, odirect, results, sizes, verify
+from bench.engines import REGISTRY, create
+from bench.errors import UserError
+from bench.workloads import model_state, synthetic_state
+
+BASELINES = ("torch-save", "dcp")
+O_DIRECT_ENGINES = ("cpu-single", "gds")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One state to checkpoint."""
+
+    id: str
+    kind: str  # synthetic or model
+    total_bytes: int  # planned (synthetic) or actual (model) tensor bytes
+    tensor_bytes: int  # 0 for models (mixed sizes)
+    model: config_mod.ModelSpec | None = None
+
+    def build(self, cfg: config_mod.Config, device: torch.device) -> Any:
+        if self.model is None:
+            return synthetic_state(self.total_bytes, self.tensor_bytes, getattr(torch, cfg.dtype),
+                                   device, cfg.seed)  # fmt: skip
+        m = self.model
+        return model_state(m.preset, device, getattr(torch, m.dtype), m.optimizer, m.world_size,
+                           m.rank, cfg.seed)  # fmt: skip
+
+
+def workloads(cfg: config_mod.Config) -> list[Workload]:
+    out = []
+    run, _ = cfg.synthetic_cases()
+    for total, tensor in run:
+        wid = f"synthetic-{sizes.format_size(total)}-{sizes.format_size(tensor)}"
+        out.append(Workload(wid, "synthetic", total, tensor))
+    for m in cfg.models:
+        wid = m.preset if m.optimizer else f"{m.preset}-noopt"
+        if m.preset == "llama-7b-shard":
+            wid += f"-r{m.rank}of{m.world_size}"
+        out.append(Workload(wid, "model", 0, 0, m))
+    return out
+
+
+def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -> None:
+    """Fail before anything runs: missing or unwritable targets, O_DIRECT refused, no space."""
+    for t in targets[: max(cfg.ssd_counts)]:
+        if not os.path.isdir(t):
+            raise UserError(f"target {t}: does not exist or is not a directory (create it or fix targets)")
+        if not os.access(t, os.W_OK | os.X_OK):
+            raise UserError(f"target {t}: is not writable by this user")
+    if any(e in O_DIRECT_ENGINES for e in cfg.engines):
+        for t in targets[: max(cfg.ssd_counts)]:
+            reason = odirect.probe(t)
+            if reason:
+                users = ", ".join(e for e in cfg.engines if e in O_DIRECT_ENGINES)
+                raise UserError(f"target {t}: {reason}; needed by {users} (use a disk-backed target)")
+    synthetic = [w.total_bytes for w in wls if w.kind == "synthetic"]
+    need = int(max(synthetic, default=0) * 1.05) + (64 << 20)
+    free = shutil.disk_usage(targets[0]).free
+    if synthetic and free < need:
+        raise UserError(f"target {targets[0]}: {sizes.format_size(free)} free, a checkpoint here needs "
+                        f"{sizes.format_size(need)}")  # fmt: skip
+
+
+def _options(cfg: config_mod.Config, engine: str) -> dict[str, Any]:
+    opts = dict(cfg.engine_options.get(engine, {}))
+    fields = {f.name for f in dataclasses.fields(REGISTRY[engine].Options)}
+    if "device" in fields and "device" not in opts:
+        opts["device"] = cfg.device
+    return opts
+
+
+def _tensor_stats(state: Any) -> tuple[int, int]:
+    from bench.manifest import flatten  # noqa: PLC0415
+
+    _, tensors = flatten(state)
+    return len(tensors), sum(t.numel() * t.element_size() for _, t in tensors)
+
+
+class Runner:
+    """Runs one config and writes its run directory."""
+
+    def __init__(self, cfg: config_mod.Config, out_root: str, quiet: bool = False) -> None:
+        self.cfg = cfg
+        self.out_root = out_root
+        self.quiet = quiet
+        self.failures = 0
+        self.notes: list[str] = []
+
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            tqdm.write(msg, file=sys.stderr)
+
+    def run(self) -> str:
+        cfg = self.cfg
+        device = devices.detect(cfg.device)
+        targets = cfg.resolved_targets()
+        if not cfg.targets:
+            for t in targets:
+                os.makedirs(t, exist_ok=True)
+        wls = workloads(cfg)
+        preflight(cfg, targets, wls)
+        for e in cfg.engines:
+            reason = REGISTRY[e].unavailable()
+            if reason:
+                raise UserError(f"engines: {e} cannot run here: {reason}")
+        self.run_id, self.run_dir = results.new_run_dir(self.out_root, cfg.name)
+        self.device = device
+        envb = env.collect(targets[: max(cfg.ssd_counts)])
+        envb["device"] = {"kind": device.kind, "emulated": device.emulated}
+        envb["config"] = config_mod.resolved(cfg)
+        if envb["storage"]["shared_device"]:
+            self.notes.append(
+                "all targets share one device: SSD-count scaling on this run is not real scaling"
+            )
+        drop_reason = measure.drop_page_cache()
+        self.cache_dropped = drop_reason is None
+        if drop_reason:
+            self.notes.append(f"page cache not dropped between cases: {drop_reason}")
+            self.log(f"warning: {drop_reason}")
+        envb["notes"] = self.notes
+        results.write_json(os.path.join(self.run_dir, "env.json"), envb)
+        self.writer = results.RowWriter(os.path.join(self.run_dir, "results.csv"))
+        per_n = sum(len(self.engines_at(n)) for n in cfg.ssd_counts)
+        n_saves = per_n * len(wls) * (cfg.warmups + cfg.repetitions)
+        self.log(f"run {self.run_id}: {n_saves} saves on {device.kind}; results in {self.run_dir}")
+        self.bar = tqdm(total=n_saves, unit="save", file=sys.stderr, disable=self.quiet,
+                        dynamic_ncols=True)  # fmt: skip
+        try:
+            for n in cfg.ssd_counts:
+                self._run_targets(targets[:n], wls)
+        finally:
+            self.bar.close()
+            self.writer.close()
+        return self.run_dir
+
+    def engines_at(self, n: int) -> list[str]:
+        """Engines run with N targets: the baselines write to the first target only, whatever
+        N is, so they run once, at the smallest SSD count (their rows say targets_used=1)."""
+        first = min(self.cfg.ssd_counts)
+        return [e for e in self.cfg.engines if REGISTRY[e].stripes or n == first]
+
+    def _run_targets(self, targets: list[str], wls: list[Workload]) -> None:
+        cfg = self.cfg
+        names = self.engines_at(len(targets))
+        engines = {e: create(e, targets, **_options(cfg, e)) for e in names}
+        try:
+            for w in wls:
+                self.bar.set_description(f"{w.id} x{len(targets)}")
+                state = w.build(cfg, self.device.torch_device)
+                n_tensors, total = _tensor_stats(state)
+                for eng in engines.values():
+                    eng.warm(state)
+                if self.cache_dropped:
+                    measure.drop_page_cache()
+                for i in range(cfg.warmups + cfg.repetitions):
+                    for name, eng in engines.items():
+                        row = self._one(eng, name, state, w, len(targets), n_tensors, total, i)
+                        self.writer.write(row)
+                        self.bar.update(1)
+                        if row["error"] or (cfg.verify and not row["verified"]):
+                            self.failures += 1
+                            self.log(f"case {row['case_id']} rep {row['rep']}: "
+                                     f"{row['error'] or 'restored state differs from the source'}")  # fmt: skip
+                            if cfg.on_error == "stop":
+                                raise UserError(f"stopped after a failed case ({row['case_id']}); "
+                                                f"results so far are in {self.run_dir}")  # fmt: skip
+                del state
+        finally:
+            for eng in engines.values():
+                eng.close()
+
+    def _one(self, eng: Any, engine: str, state: Any, w: Workload, n_targets: int,
+             n_tensors: int, total: int, i: int) -> dict[str, Any]:  # fmt: skip
+        cfg = self.cfg
+        warm = i < cfg.warmups
+        rep = i if warm else i - cfg.warmups
+        case_id = f"{w.id}-x{n_targets}-{engine}"
+        name = f"ckptbench-{self.run_id}-{case_id}-{'w' if warm else 'r'}{rep}"
+        opts = getattr(eng, "options", None)
+        row: dict[str, Any] = {
+            "run_id": self.run_id, "case_id": case_id, "engine": engine,
+            "device": self.device.kind, "emulated": self.device.emulated, "gds_mode": "none",
+            "workload": w.id, "total_bytes": total, "tensor_bytes": w.tensor_bytes,
+            "n_tensors": n_tensors, "n_targets": n_targets, "targets_used": 0, "rep": rep,
+            "warmup": warm, "stall_s": None, "persist_s": None, "total_s": None,
+            "restore_s": None, "hash_s": None, "wait_prev_s": None, "pinned_bytes": None,
+            "page_cache_peak_bytes": None, "rss_peak_bytes": None, "cpu_user_s": None,
+            "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
+            "cache_dropped": self.cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
+            "options": json.dumps(dataclasses.asdict(opts), sort_keys=True) if opts else "{}",
+            "verified": False, "error": "",
+        }  # fmt: skip
+        sampler = measure.Sampler()
+        try:
+            sampler.start()
+            try:
+                res = eng.save(state, name).wait()
+            finally:
+                sample = sampler.stop()
+            row.update(
+                gds_mode=res.gds_mode, targets_used=res.targets_used, stall_s=res.stall_s,
+                persist_s=res.persist_s, total_s=res.total_s, hash_s=res.hash_s,
+                wait_prev_s=res.wait_prev_s, pinned_bytes=eng.pinned_bytes,
+                checksums=res.checksums, staging_grew=res.staging_grew,
+                copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
+            )  # fmt: skip
+            measure.evict_files(eng.cached_files(name))
+            t0 = measure.now_ns()
+            loaded = eng.load(name, device=str(self.device.torch_device))
+            self.device.synchronize()
+            row["restore_s"] = (measure.now_ns() - t0) / 1e9
+            if cfg.verify:
+                check = verify.first_tensor_difference if engine in BASELINES else verify.first_difference
+                diff = check(state, loaded)
+                row["verified"] = diff is None
+                if diff:
+                    row["error"] = f"restored state differs at {diff}"
+            del loaded
+        except Exception as e:  # noqa: BLE001 - one bad case must not lose the sweep
+            row["error"] = f"{type(e).__name__}: {e}".replace("\n", " ")
+            if not isinstance(e, UserError | OSError):
+                self.log(traceback.format_exc())
+        finally:
+            try:
+                eng.delete(name)
+            except OSError as e:
+                self.log(f"could not delete checkpoint {name}: {e}")
+        return row
+
+
+def summary(run_dir: str) -> pd.DataFrame:
+    """Median write GB/s, stall and page-cache growth per engine x workload x SSD count."""
+    df = results.read_rows(run_dir)
+    df = df[(~df["warmup"].astype(bool)) & (df["error"].isna() | (df["error"] == ""))]
+    if df.empty:
+        return df
+    df = df.assign(
+        write_GBps=df["total_bytes"] / df["total_s"] / 1e9,
+        restore_GBps=df["total_bytes"] / df["restore_s"] / 1e9,
+        cache_pct=100 * df["page_cache_peak_bytes"] / df["total_bytes"],
+    )
+    g = df.groupby(["workload", "n_targets", "engine"], sort=False)
+    out = g.agg(
+        n=("rep", "size"), write_GBps=("write_GBps", "median"), stall_s=("stall_s", "median"),
+        total_s=("total_s", "median"), restore_GBps=("restore_GBps", "median"),
+        cache_pct=("cache_pct", "median"), gds_mode=("gds_mode", "first"),
+    )  # fmt: skip
+    return out.round({"write_GBps": 2, "stall_s": 3, "total_s": 3, "restore_GBps": 2, "cache_pct": 1})
+
+
+def iter_rows(run_dir: str) -> Iterator[dict[str, Any]]:
+    yield from results.read_rows(run_dir).to_dict("records")
