@@ -136,24 +136,33 @@ class Gds(StripedEngine):
         """Write with kvikio CuFile.pwrite from device memory, fsync, commit the manifest."""
         kvikio = self._kvikio
         name = result.name
-        files = {t: kvikio.CuFile(layout.data_file(self.targets, name, t), "w") for t in file_bytes}
+        files: dict[int, Any] = {}
+        futures: list[Any] = []
         try:
-            futures = [
-                files[p.target].pwrite(p.mem[p.start : p.start + p.length], p.length, p.file_offset)
-                for p in pieces
-            ]
-            written = [f.get() for f in futures]
-            # A short write is not an error to cuFile; all futures are done before we raise.
-            for p, n in zip(pieces, written, strict=True):
-                if n != p.length:
-                    path = layout.data_file(self.targets, name, p.target)
-                    raise OSError(
-                        errno.EIO, f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}", path
+            for t in file_bytes:
+                files[t] = kvikio.CuFile(layout.data_file(self.targets, name, t), "w")
+            for p in pieces:
+                futures.append(
+                    files[p.target].pwrite(
+                        p.mem[p.start : p.start + p.length], p.length, p.file_offset
                     )
-            self._device_sync()
+                )
         finally:
-            for f in files.values():
-                f.close()
+            try:
+                # Every issued write ends before its file closes, also after a failure: a write
+                # in flight on a closed descriptor could land in whatever file reuses it.
+                written = _wait_all(futures)
+                self._device_sync()
+            finally:
+                for f in files.values():
+                    f.close()
+        # A short write is not an error to cuFile; it is one to a checkpoint.
+        for p, n in zip(pieces, written, strict=True):
+            if n != p.length:
+                path = layout.data_file(self.targets, name, p.target)
+                raise OSError(
+                    errno.EIO, f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}", path
+                )
         # cuFile has no fsync of its own: fsync through a plain descriptor of the same file,
         # which flushes the file's data whatever descriptor wrote it.
         for t, n in file_bytes.items():
@@ -175,3 +184,18 @@ class Gds(StripedEngine):
     def _device_sync(self) -> None:
         if self.device.is_cuda:
             self.device.synchronize()
+
+
+def _wait_all(futures: list[Any]) -> list[int]:
+    """Bytes written by each kvikio future, waiting for every one; then the first error, if any."""
+    written: list[int] = []
+    error: Exception | None = None
+    for f in futures:
+        try:
+            written.append(f.get())
+        except Exception as e:  # noqa: BLE001 - raised once all are done
+            error = error or e
+            written.append(-1)
+    if error is not None:
+        raise error
+    return written

@@ -1,0 +1,88 @@
+"""Shared fixtures: scratch directories on a disk-backed filesystem, target sets, engines.
+
+Scratch space lives under $CKPTBENCH_SCRATCH, else `<repo>/scratch/tests`, never /tmp: /tmp is
+often tmpfs, which refuses O_DIRECT, and the O_DIRECT engines (cpu-single, gds) would all skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import engines, odirect
+
+REPO = Path(__file__).resolve().parent.parent
+O_DIRECT_ENGINES = ("cpu-single", "gds")
+STRIPED_ENGINES = ("cpu-single", "cpu-double", "gds")
+
+
+def scratch_base() -> Path:
+    """The directory under which every test gets its own scratch directory (created)."""
+    env = os.environ.get("CKPTBENCH_SCRATCH")
+    base = Path(env) if env else REPO / "scratch" / "tests"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+@pytest.fixture
+def scratch(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh, empty directory on a disk-backed filesystem, removed after the test."""
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:60] + "-"
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=scratch_base()))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def targets(scratch: Path) -> Callable[[int], list[str]]:
+    """A factory: `targets(n)` makes n new, empty target directories and returns their paths.
+
+    Each call makes a different set, so a test can compare two target lists.
+    """
+    made = 0
+
+    def make(n: int) -> list[str]:
+        nonlocal made
+        made += 1
+        out = []
+        for i in range(n):
+            d = scratch / f"set{made}" / f"t{i}"
+            d.mkdir(parents=True)
+            out.append(str(d))
+        return out
+
+    return make
+
+
+def skip_without_odirect(engine: str, dirs: list[str]) -> None:
+    """Skip the test, with the probe's reason, if `engine` needs O_DIRECT and a dir refuses it."""
+    if engine not in O_DIRECT_ENGINES:
+        return
+    for d in dirs:
+        reason = odirect.probe(d)
+        if reason:
+            pytest.skip(f"{engine}: {reason}")
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Any]]:
+    """A factory: `make_engine(name, targets, **options)`; skips where O_DIRECT is refused and
+    closes every engine it made after the test."""
+    made: list[Any] = []
+
+    def make(name: str, dirs: list[str], **options: Any) -> Any:
+        skip_without_odirect(name, dirs)
+        eng = engines.create(name, dirs, **options)
+        made.append(eng)
+        return eng
+
+    yield make
+    for eng in reversed(made):
+        eng.close()

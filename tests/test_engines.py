@@ -1,0 +1,458 @@
+"""Round trips through every engine: bit-exact tensors, preserved structure, honest results.
+
+The striped engines (cpu-single, cpu-double, gds) must give back exactly what they were given:
+the same keys with the same key types, the same container types (dict vs OrderedDict, list vs
+tuple), the same plain values, and tensors with the same dtype, shape and bytes. The baselines
+are held to what their libraries promise (dcp turns integer keys into strings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench.engines import SaveResult
+
+STRIPED = ("cpu-single", "cpu-double", "gds")
+SNAPSHOT = ("cpu-single", "cpu-double")
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.uint8,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+)
+MiB = 1 << 20
+NO_GDS_MODE = SaveResult(name="", bytes=0).gds_mode
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """A tensor of random bit patterns (NaNs with payloads included), valid 0/1 for bool."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    esize = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (math.prod(shape) * esize,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).reshape(shape)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in logical order, as a 1-D uint8 tensor."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def iter_tensors(obj: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """(key path, tensor) for every tensor in a state tree, in order."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from iter_tensors(v, (*path, k))
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            yield from iter_tensors(v, (*path, i))
+
+
+def payload(state: Any) -> int:
+    return sum(t.numel() * t.element_size() for _, t in iter_tensors(state))
+
+
+def assert_same_tensor(got: Any, want: torch.Tensor, where: str) -> None:
+    assert isinstance(got, torch.Tensor), f"{where}: got a {type(got).__name__}, not a tensor"
+    assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{where}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.device.type == "cpu", f"{where}: loaded onto {got.device}"
+    assert torch.equal(bits(got), bits(want)), f"{where}: bytes differ"
+
+
+def assert_same(got: Any, want: Any, where: str = "state") -> None:
+    """Bit-exact equality of two state trees, container and key types included."""
+    if isinstance(want, torch.Tensor):
+        assert_same_tensor(got, want, where)
+        return
+    assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
+    if isinstance(want, dict):
+        assert [(type(k), k) for k in got] == [(type(k), k) for k in want], f"{where}: keys differ"
+        for k in want:
+            assert_same(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def clone_tree(obj: Any) -> Any:
+    """A deep copy whose tensors own their memory (to compare against after the source changes)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return type(obj)((k, clone_tree(v)) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return type(obj)(clone_tree(v) for v in obj)
+    return obj
+
+
+def read_manifest(dirs: list[str], name: str) -> dict[str, Any]:
+    with open(Path(dirs[0]) / name / "manifest.json") as f:
+        return json.load(f)
+
+
+def check_files(dirs: list[str], name: str) -> dict[str, Any]:
+    """The on-disk layout matches the manifest; returns the manifest as JSON."""
+    m = read_manifest(dirs, name)
+    files = m["files"]
+    for i, d in enumerate(dirs):
+        expected = []
+        if str(i) in files:
+            assert files[str(i)]["file"] == f"data-{i}.bin"
+            expected.append(f"data-{i}.bin")
+            size = os.path.getsize(Path(d) / name / f"data-{i}.bin")
+            assert size == files[str(i)]["bytes"], f"target {i}: file has {size} bytes"
+        if i == 0:
+            expected.append("manifest.json")
+        assert sorted(os.listdir(Path(d) / name)) == sorted(expected), f"target {i}"
+    # Extents: inside their files, never overlapping, adding up to each tensor.
+    per_file: dict[int, list[tuple[int, int]]] = {}
+    for e in m["tensors"]:
+        assert sum(x[2] for x in e["extents"]) == e["nbytes"], e["path"]
+        for t, off, length in e["extents"]:
+            assert length > 0 and off >= 0, e["path"]
+            assert off + length <= files[str(t)]["bytes"], e["path"]
+            per_file.setdefault(t, []).append((off, off + length))
+    for t, spans in per_file.items():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert end <= start, f"target {t}: overlapping extents"
+    assert sorted(int(t) for t in files) == sorted(per_file)
+    return m
+
+
+def check_result(result: Any, eng: Any, state: Any, name: str, dirs: list[str]) -> None:
+    """Fields of a SaveResult that can be checked against the state and the disk."""
+    assert result.name == name
+    assert result.bytes == payload(state)
+    assert 0.0 < result.stall_s <= result.total_s
+    assert abs(result.persist_s - (result.total_s - result.stall_s)) <= 1e-9
+    m = check_files(dirs, name)
+    assert m["payload_bytes"] == result.bytes
+    data_files = [i for i, d in enumerate(dirs) if (Path(d) / name / f"data-{i}.bin").exists()]
+    assert result.targets_used == len(data_files) == len(m["files"])
+    assert result.checksums is eng.options.checksums
+    assert (m["checksums"] == "xxh3_64") is eng.options.checksums
+    assert all((e["xxh3"] is not None) is eng.options.checksums for e in m["tensors"])
+    non_contiguous = sum(not t.is_contiguous() for _, t in iter_tensors(state))
+    if eng.name == "gds":
+        assert result.gds_mode == "emulated"
+        assert result.copied_tensors == non_contiguous
+    else:
+        # The other engines say they have no GDS mode, with SaveResult's default.
+        assert result.gds_mode == NO_GDS_MODE
+        assert result.copied_tensors == 0
+
+
+def roundtrip(make_engine: Any, dirs: list[str], engine: str, state: Any, **opts: Any) -> Any:
+    """Save `state`, wait, check the result and files, load; returns (result, loaded)."""
+    eng = make_engine(engine, dirs, **opts)
+    result = eng.save(state, "ckpt").wait()
+    check_result(result, eng, state, "ckpt", dirs)
+    return result, eng.load("ckpt")
+
+
+def training_state() -> dict[str, Any]:
+    """A model's state_dict and an AdamW state_dict after one step, with plain values around."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(5, 8)).square().sum().backward()
+    opt.step()
+    return {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "step": 1,
+        "loss_scale": 65536.0,
+        "run": OrderedDict([("name", "unit"), ("resumed", False), ("parent", None)]),
+        "history": [(0, 1.5), (1, 0.75)],
+        (3, "tuple-key"): [torch.arange(4), None, ("nested", torch.ones(2, dtype=torch.bool))],
+    }
+
+
+# -- striped engines --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("engine", STRIPED)
+def test_dtypes_round_trip(make_engine, targets, engine, dtype):
+    t = random_tensor((37, 53), dtype, seed=1)
+    state = OrderedDict(
+        [("t", t), ("scalar", random_tensor((), dtype, seed=2)), ("row", t[5].clone())]
+    )
+    _, loaded = roundtrip(make_engine, targets(2), engine, state, chunk_bytes="8KiB")
+    assert_same(loaded, state)
+
+
+@pytest.mark.parametrize("chunk", ["8KiB", "16MiB"])
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 3 * MiB + 1])
+@pytest.mark.parametrize("engine", STRIPED)
+def test_sizes_round_trip(make_engine, targets, engine, size, chunk):
+    # A small tensor after the sized one checks where the next tensor starts.
+    state = {"x": random_tensor((size,), torch.uint8, seed=size), "after": torch.arange(25)}
+    _, loaded = roundtrip(make_engine, targets(2), engine, state, chunk_bytes=chunk)
+    assert_same(loaded, state)
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_non_contiguous_round_trip(make_engine, targets, engine):
+    base = random_tensor((64, 96), torch.float32, seed=3)
+    flat = random_tensor((20000,), torch.int64, seed=4)
+    state = {
+        "transposed": base.t(),
+        "rows": base[::3],
+        "cols": base[:, 1::2],
+        "expanded": random_tensor((4, 1), torch.float16, seed=5).expand(4, 300),
+        "channels_last": random_tensor((2, 3, 8, 8), torch.bfloat16, seed=6).to(
+            memory_format=torch.channels_last
+        ),
+        # Contiguous but starting at an odd address: the direct path's unaligned head.
+        "offset_view": flat[3:17003],
+        "contiguous": base,
+    }
+    assert sum(not t.is_contiguous() for t in state.values()) == 5
+    _, loaded = roundtrip(make_engine, targets(3), engine, state, chunk_bytes="8KiB")
+    assert_same(loaded, state)
+    assert all(t.is_contiguous() for t in loaded.values())
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_zero_dim_and_empty_round_trip(make_engine, targets, engine):
+    state = {
+        "f": torch.tensor(-0.0),
+        "i": torch.tensor(-(2**62), dtype=torch.int64),
+        "b": torch.tensor(True),
+        "c": torch.tensor(1 - 2j, dtype=torch.complex64),
+        "empty": torch.empty(0),
+        "empty_3d": torch.empty(3, 0, 5, dtype=torch.float64),
+        "empty_bool": torch.empty(0, dtype=torch.bool),
+    }
+    _, loaded = roundtrip(make_engine, targets(2), engine, state, chunk_bytes="8KiB")
+    assert_same(loaded, state)
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_no_bytes_at_all(make_engine, targets, engine):
+    state = {"empty": torch.empty(0, 4), "nothing": [], "n": None}
+    result, loaded = roundtrip(make_engine, targets(2), engine, state)
+    assert result.bytes == 0 and result.targets_used == 0
+    assert_same(loaded, state)
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_training_state_round_trip(make_engine, targets, engine):
+    state = training_state()
+    _, loaded = roundtrip(make_engine, targets(2), engine, state, chunk_bytes="8KiB")
+    assert_same(loaded, state)
+    # The points most likely to go wrong, spelt out.
+    assert type(loaded["model"]) is OrderedDict
+    assert list(loaded["optim"]["state"]) == list(range(6))
+    assert isinstance(loaded["optim"]["param_groups"][0]["betas"], tuple)
+    assert loaded["optim"]["param_groups"][0]["foreach"] is None
+    assert loaded["model"]["1.num_batches_tracked"].dtype == torch.int64
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("engine", STRIPED)
+def test_targets_round_trip(make_engine, targets, engine, n):
+    sizes = [1, 4096, 5000, 12289, 30000, 3, 8192, 20000]
+    state = {f"p{i}": random_tensor((s,), torch.uint8, seed=i) for i, s in enumerate(sizes)}
+    dirs = targets(n)
+    result, loaded = roundtrip(make_engine, dirs, engine, state, chunk_bytes="8KiB")
+    assert_same(loaded, state)
+    assert result.targets_used == n
+    if n > 1:
+        # Chunks smaller than the tensors: some tensor really lies on several targets.
+        m = read_manifest(dirs, "ckpt")
+        assert max(len({x[0] for x in e["extents"]}) for e in m["tensors"]) > 1
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_small_state_uses_one_of_four_targets(make_engine, targets, engine):
+    state = {"w": random_tensor((100,), torch.float32, seed=7)}
+    dirs = targets(4)
+    result, loaded = roundtrip(make_engine, dirs, engine, state, chunk_bytes="8KiB")
+    assert_same(loaded, state)
+    assert result.targets_used == 1
+    assert (Path(dirs[0]) / "ckpt" / "data-0.bin").exists()
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_checksums_off(make_engine, targets, engine):
+    state = {"w": random_tensor((3000,), torch.float64, seed=8)}
+    result, loaded = roundtrip(make_engine, targets(2), engine, state, checksums=False)
+    assert result.checksums is False
+    assert_same(loaded, state)
+
+
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_snapshot_engines_stall_ends_at_the_snapshot(make_engine, targets, engine):
+    state = {"w": random_tensor((256, 1024), torch.float32, seed=9), "b": torch.arange(999)}
+    want = clone_tree(state)
+    eng = make_engine(engine, targets(2), chunk_bytes="64KiB")
+    pending = eng.save(state, "ckpt")
+    # Training goes on as soon as save() returns: the checkpoint must not see these changes.
+    for t in state.values():
+        t.zero_()
+    result = pending.wait()
+    assert result.stall_s <= result.total_s
+    assert_same(eng.load("ckpt"), want)
+
+
+def test_gds_stall_lasts_until_durable(make_engine, targets):
+    eng = make_engine("gds", targets(2))
+    pending = eng.save({"w": random_tensor((5000,), torch.float32, seed=10)}, "ckpt")
+    assert pending.done()  # nothing left in flight when save() returns
+    assert os.path.exists(Path(eng.targets[0]) / "ckpt" / "manifest.json")
+
+
+@pytest.mark.parametrize("grows", [False, True], ids=["same-size", "grows"])
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_back_to_back_saves_share_staging_safely(make_engine, targets, engine, grows):
+    first = {"a": random_tensor((4 * MiB,), torch.uint8, seed=11)}
+    second = {"a": random_tensor((4 * MiB,), torch.uint8, seed=12)}
+    if grows:
+        second["b"] = random_tensor((MiB,), torch.uint8, seed=13)
+    eng = make_engine(engine, targets(2), chunk_bytes="64KiB")
+    p1 = eng.save(first, "first")
+    # The staging buffer still holds `first` until it is durable: this save must wait for it.
+    p2 = eng.save(second, "second")
+    r1, r2 = p1.wait(), p2.wait()
+    assert r1.staging_grew and r2.staging_grew is grows
+    assert 0.0 <= r2.wait_prev_s <= r2.stall_s
+    assert_same(eng.load("first"), first)
+    assert_same(eng.load("second"), second)
+
+
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_warm_allocates_staging_before_the_save(make_engine, targets, engine):
+    state = {"w": random_tensor((100000,), torch.uint8, seed=13)}
+    cold = make_engine(engine, targets(1))
+    assert cold.save(state, "a").wait().staging_grew
+    again = cold.save(state, "b").wait()
+    assert not again.staging_grew
+    assert again.pinned_bytes >= 100000
+    warmed = make_engine(engine, targets(1))
+    warmed.warm(state)
+    assert not warmed.save(state, "a").wait().staging_grew
+
+
+CHILD = """
+import hashlib, json, sys
+import torch
+from bench.engines import create
+
+eng = create(sys.argv[1], json.loads(sys.argv[2]), **json.loads(sys.argv[3]))
+state = eng.load(sys.argv[4])
+eng.close()
+digest = {
+    k: [str(v.dtype), list(v.shape),
+        hashlib.sha256(v.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()]
+    for k, v in state.items()
+}
+print(json.dumps(digest))
+"""
+
+
+def test_another_process_loads_the_checkpoint(make_engine, targets, scratch):
+    state = {
+        "w": random_tensor((300, 70), torch.float32, seed=14).t(),
+        "h": random_tensor((4097,), torch.bfloat16, seed=15),
+        "n": torch.tensor(42),
+    }
+    dirs = targets(3)
+    opts = {"chunk_bytes": "8KiB"}
+    eng = make_engine("cpu-single", dirs, **opts)
+    eng.save(state, "shared").wait()
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, "cpu-single", json.dumps(dirs), json.dumps(opts), "shared"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=scratch,
+    )
+    assert out.returncode == 0, out.stderr
+    want = {
+        k: [str(v.dtype), list(v.shape), hashlib.sha256(bits(v).numpy()).hexdigest()]
+        for k, v in state.items()
+    }
+    assert json.loads(out.stdout) == want
+
+
+# -- baselines --------------------------------------------------------------------------------
+
+
+def baseline_state() -> dict[str, Any]:
+    state = training_state()
+    del state[(3, "tuple-key")]  # dcp keys must be strings or ints
+    state["extra"] = {
+        "transposed": random_tensor((30, 20), torch.float32, seed=16).t(),
+        "half": random_tensor((4097,), torch.float16, seed=17),
+        "scalar": torch.tensor(7, dtype=torch.int64),
+    }
+    return state
+
+
+def check_baseline_result(result: Any, state: Any, name: str) -> None:
+    assert result.name == name
+    assert result.bytes == payload(state)
+    assert result.targets_used == 1
+    assert 0.0 < result.stall_s <= result.total_s
+    assert abs(result.persist_s - (result.total_s - result.stall_s)) <= 1e-9
+
+
+def test_torch_save_round_trip(make_engine, targets):
+    state = baseline_state()
+    dirs = targets(2)
+    eng = make_engine("torch-save", dirs)
+    result = eng.save(state, "ckpt").wait()
+    check_baseline_result(result, state, "ckpt")
+    assert os.listdir(Path(dirs[0]) / "ckpt") == ["state.pt"]
+    assert not os.path.exists(Path(dirs[1]) / "ckpt")
+    assert_same(eng.load("ckpt"), state)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_round_trip_tensor_values(make_engine, targets):
+    state = baseline_state()
+    eng = make_engine("dcp", targets(1))
+    result = eng.save(state, "ckpt").wait()
+    check_baseline_result(result, state, "ckpt")
+    loaded = eng.load("ckpt")
+    seen = 0
+    for path, want in iter_tensors(state):
+        got: Any = loaded
+        for k in path:
+            # dcp loads integer dict keys as strings; list indices stay indices.
+            got = got[k] if isinstance(got, list | tuple) or k in got else got[str(k)]
+        assert_same_tensor(got, want, f"state{list(path)}")
+        seen += 1
+    assert seen == len(list(iter_tensors(state))) > 20
