@@ -3,18 +3,19 @@
 # package index: its python3 has torch (CUDA), cupy-cuda13x and nvidia-cufile, and the wheels
 # for everything else were fetched beforehand into scripts/wheels/ by scripts/gpu_wheels.sh.
 #
-#   bash scripts/gpu_check.sh [gpu_check.py options, e.g. --size 4GiB --targets 1]
+#   bash scripts/gpu_check.sh [ckptbench run options, e.g. --set total_sizes=[8GiB]]
 #
 # Makes a throwaway venv on top of the system python (--system-site-packages, so torch and cupy
 # are the system's), installs kvikio and whatever the project needs that is missing, offline,
-# then runs scripts/gpu_check.py writing results.csv and env.json into ${OUT:-results/gpu-check}.
+# then runs the harness on configs/gpu-check.yaml (gds with real kvikio, cpu-double, cpu-single
+# on a 4 GiB CUDA state), writing results/<run-id>/results.csv and env.json under ${OUT:-results}.
 # Environment: OUT (results folder), PYTHON (default python3), GPU_CHECK_VENV (keep the venv there
 # instead of a temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WHEELS=scripts/wheels
-OUT_DIR=${OUT:-results/gpu-check}
+OUT_DIR=${OUT:-results}
 PYTHON=${PYTHON:-python3}
 t_start=$SECONDS
 
@@ -65,8 +66,7 @@ echo "== install (offline)"
 "${pip_install[@]}" --no-deps -r "$WHEELS/requirements-kvikio.txt"
 # Resolved against what the system python already has: only what is missing comes from the wheels.
 "${pip_install[@]}" -r "$WHEELS/requirements-runtime.txt"
-"${pip_install[@]}" -r "$WHEELS/requirements-project.txt" ||
-    echo "gpu_check: WARNING: the project's other dependencies did not install; the check does not need them" >&2
+"${pip_install[@]}" -r "$WHEELS/requirements-project.txt"
 if ! "${pip_install[@]}" --no-deps --no-build-isolation --quiet -e .; then
     echo "gpu_check: WARNING: editable install failed; importing bench from $PWD instead" >&2
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -85,6 +85,7 @@ echo "setup took $((SECONDS - t_start)) s"
 
 echo "== check"
 rc=0
-"$py" scripts/gpu_check.py --out "$OUT_DIR" "$@" || rc=$?
+"$py" -m bench engines
+"$py" -m bench run configs/gpu-check.yaml -o "$OUT_DIR" "$@" || rc=$?
 echo "gpu_check: exit $rc after $((SECONDS - t_start)) s; results in $OUT_DIR"
 exit $rc

@@ -76,7 +76,7 @@ xxhash>=3.0
 psutil>=5.9
 setuptools>=68
 EOF
-# The rest of pyproject.toml's dependencies (torch is on the GPU machine; matplotlib is only
+# The rest of what `ckptbench run` imports (torch is on the GPU machine; matplotlib is only
 # used for figures, which are drawn elsewhere).
 cat >"$WHEELS/requirements-project.txt" <<'EOF'
 pandas>=2.0
