@@ -25,7 +25,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"skipped (tensor larger than total): {skipped}")
     if not table.empty:
         print(table.to_string())
-    for note in r.notes:
+    for note in r.notes + runner.mode_notes(run_dir):
         print(f"note: {note}")
     print(f"results: {run_dir}/results.csv, environment: {run_dir}/env.json")
     if r.failures:

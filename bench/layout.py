@@ -167,16 +167,16 @@ def read_tensors(
             try:
                 fds[t] = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
-                raise UserError(f"checkpoint {manifest.name!r}: data file {path} is missing") from None
+                raise UserError(
+                    f"checkpoint {manifest.name!r}: data file {path} is missing"
+                ) from None
             size = os.fstat(fds[t]).st_size
             if size < info["bytes"]:
                 raise UserError(
                     f"checkpoint {manifest.name!r}: data file {path} is truncated "
                     f"({size} of {info['bytes']} bytes)"
                 )
-        out = [
-            (alloc or _alloc)(e.nbytes) for e in manifest.tensors
-        ]
+        out = [(alloc or _alloc)(e.nbytes) for e in manifest.tensors]
 
         def read_one(i: int) -> None:
             e = manifest.tensors[i]
@@ -194,9 +194,7 @@ def read_tensors(
 
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(read_one, range(len(manifest.tensors))))
-        return [
-            _typed(buf, e) for buf, e in zip(out, manifest.tensors, strict=True)
-        ]
+        return [_typed(buf, e) for buf, e in zip(out, manifest.tensors, strict=True)]
     finally:
         for fd in fds.values():
             os.close(fd)

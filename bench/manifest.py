@@ -228,5 +228,8 @@ def read(targets: list[str], name: str) -> Manifest:
 
 def tensor_entry(path: str, t: torch.Tensor) -> TensorEntry:
     return TensorEntry(
-        path=path, dtype=_dtype_name(t.dtype), shape=list(t.shape), nbytes=t.numel() * t.element_size()
+        path=path,
+        dtype=_dtype_name(t.dtype),
+        shape=list(t.shape),
+        nbytes=t.numel() * t.element_size(),
     )

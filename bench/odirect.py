@@ -64,7 +64,7 @@ class HostBuffer:
         self.array = np.frombuffer(self._map, dtype=np.uint8)
         if prefault:
             # Writing one byte per page faults every page in now, outside any timed region.
-            self.array[::mmap.PAGESIZE] = 0
+            self.array[:: mmap.PAGESIZE] = 0
 
     @property
     def address(self) -> int:

@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +70,9 @@ def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -
     """Fail before anything runs: missing or unwritable targets, O_DIRECT refused, no space."""
     for t in targets[: max(cfg.ssd_counts)]:
         if not os.path.isdir(t):
-            raise UserError(f"target {t}: does not exist or is not a directory (create it or fix targets)")
+            raise UserError(
+                f"target {t}: does not exist or is not a directory (create it or fix targets)"
+            )
         if not os.access(t, os.W_OK | os.X_OK):
             raise UserError(f"target {t}: is not writable by this user")
     if any(e in O_DIRECT_ENGINES for e in cfg.engines):
@@ -79,7 +80,9 @@ def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -
             reason = odirect.probe(t)
             if reason:
                 users = ", ".join(e for e in cfg.engines if e in O_DIRECT_ENGINES)
-                raise UserError(f"target {t}: {reason}; needed by {users} (use a disk-backed target)")
+                raise UserError(
+                    f"target {t}: {reason}; needed by {users} (use a disk-backed target)"
+                )
     synthetic = [w.total_bytes for w in wls if w.kind == "synthetic"]
     need = int(max(synthetic, default=0) * 1.05) + (64 << 20)
     free = shutil.disk_usage(targets[0]).free
@@ -237,7 +240,11 @@ class Runner:
             self.device.synchronize()
             row["restore_s"] = (measure.now_ns() - t0) / 1e9
             if cfg.verify:
-                check = verify.first_tensor_difference if engine in BASELINES else verify.first_difference
+                check = (
+                    verify.first_tensor_difference
+                    if engine in BASELINES
+                    else verify.first_difference
+                )
                 diff = check(state, loaded)
                 row["verified"] = diff is None
                 if diff:
@@ -272,8 +279,22 @@ def summary(run_dir: str) -> pd.DataFrame:
         total_s=("total_s", "median"), restore_GBps=("restore_GBps", "median"),
         cache_pct=("cache_pct", "median"), gds_mode=("gds_mode", "first"),
     )  # fmt: skip
-    return out.round({"write_GBps": 2, "stall_s": 3, "total_s": 3, "restore_GBps": 2, "cache_pct": 1})
+    return out.round(
+        {"write_GBps": 2, "stall_s": 3, "total_s": 3, "restore_GBps": 2, "cache_pct": 1}
+    )
 
 
-def iter_rows(run_dir: str) -> Iterator[dict[str, Any]]:
-    yield from results.read_rows(run_dir).to_dict("records")
+def mode_notes(run_dir: str) -> list[str]:
+    """Loud labels for rows that must not be read as GPU or GDS numbers."""
+    df = results.read_rows(run_dir)
+    modes = set(df.loc[df["engine"] == "gds", "gds_mode"].astype(str))
+    notes = []
+    if "compat" in modes:
+        notes.append("kvikio ran in compat mode: gds rows marked compat are NOT GPUDirect Storage")
+    if "emulated" in modes:
+        notes.append(
+            "gds rows are a host emulation (O_DIRECT from host memory), not GPUDirect Storage"
+        )
+    if df["emulated"].astype(bool).any():
+        notes.append("device=host-emulated: host memory stands in for GPU memory in every row")
+    return notes

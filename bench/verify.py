@@ -44,7 +44,9 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return None if a == b or (a != a and b != b) else path or "(root)"  # NaN equals NaN here
 
 
-def _tensors(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:
+def _tensors(
+    obj: Any, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:
     if isinstance(obj, torch.Tensor):
         yield path, obj
     elif isinstance(obj, dict):

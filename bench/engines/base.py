@@ -69,7 +69,9 @@ class PendingSave:
             finally:
                 self._finish()
 
-        self._thread = threading.Thread(target=body, name=f"persist-{self.result.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=body, name=f"persist-{self.result.name}", daemon=True
+        )
         self._thread.start()
 
     def finish_now(self) -> None:

@@ -36,7 +36,9 @@ class BaselineEngine:
         d = self.ckpt_dir(name)
         if not os.path.isdir(d):
             return []
-        return [os.path.join(d, f) for f in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, f))]
+        return [
+            os.path.join(d, f) for f in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, f))
+        ]
 
     def delete(self, name: str) -> None:
         shutil.rmtree(self.ckpt_dir(name), ignore_errors=True)

@@ -91,7 +91,9 @@ class Gds(StripedEngine):
             except ImportError as e:
                 raise UserError(f"engine gds: io=kvikio but kvikio does not import ({e})") from None
             if not self.options.allow_compat and kvikio_mode(self._kvikio) != "gds":
-                raise UserError("engine gds: kvikio would run in compat mode and allow_compat is false")
+                raise UserError(
+                    "engine gds: kvikio would run in compat mode and allow_compat is false"
+                )
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -109,16 +111,23 @@ class Gds(StripedEngine):
             if not src.is_contiguous():
                 src = src.contiguous()
                 result.copied_tensors += 1
-            mems.append(src.reshape(-1).view(torch.uint8) if src.numel() else
-                        torch.empty(0, dtype=torch.uint8, device=src.device))
+            mems.append(
+                src.reshape(-1).view(torch.uint8)
+                if src.numel()
+                else torch.empty(0, dtype=torch.uint8, device=src.device)
+            )
         if self.io == "emulated":
             if any(m.device.type != "cpu" for m in mems):
                 raise UserError("engine gds: io=emulated needs host tensors; use io=kvikio on CUDA")
             host = [m.numpy() for m in mems]
-            pieces, file_bytes = layout.direct(host, entries, len(self.targets), self.options.chunk_bytes)
+            pieces, file_bytes = layout.direct(
+                host, entries, len(self.targets), self.options.chunk_bytes
+            )
             self._persist(result, result.name, tree, entries, pieces, file_bytes, host)
         else:
-            pieces, file_bytes = layout.direct(mems, entries, len(self.targets), self.options.chunk_bytes)
+            pieces, file_bytes = layout.direct(
+                mems, entries, len(self.targets), self.options.chunk_bytes
+            )
             self._persist_kvikio(result, tree, entries, pieces, file_bytes, mems)
         # Training may touch the tensors only now: the stall is the whole durable write.
         result.stall_s = (time.perf_counter_ns() - pending.t0_ns) / 1e9

@@ -49,7 +49,9 @@ class StripedOptions:
             raise ValueError(f"chunk_bytes must be a multiple of {odirect.ALIGN}, got {chunk}")
         object.__setattr__(self, "chunk_bytes", chunk)
         if not isinstance(self.threads_per_target, int) or self.threads_per_target < 1:
-            raise ValueError(f"threads_per_target must be a positive integer, got {self.threads_per_target!r}")
+            raise ValueError(
+                f"threads_per_target must be a positive integer, got {self.threads_per_target!r}"
+            )
         if not isinstance(self.checksums, bool):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
 
@@ -205,8 +207,11 @@ class StripedEngine:
         """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
 
     def cached_files(self, name: str) -> list[str]:
-        return [layout.data_file(self.targets, name, t) for t in range(len(self.targets))
-                if os.path.exists(layout.data_file(self.targets, name, t))]
+        return [
+            layout.data_file(self.targets, name, t)
+            for t in range(len(self.targets))
+            if os.path.exists(layout.data_file(self.targets, name, t))
+        ]
 
     def delete(self, name: str) -> None:
         check_name(name)
