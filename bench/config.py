@@ -88,6 +88,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 
 def _check(cfg: Config) -> None:
+    # The name goes into the run directory and every checkpoint name: one path component.
+    if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\0" in cfg.name:
+        raise UserError(f"name: {cfg.name!r} must be a non-empty name without '/'")
     for i, e in enumerate(cfg.engines):
         if e not in REGISTRY:
             raise UserError(f"engines.{i}: unknown engine {e!r} (known: {', '.join(REGISTRY)})")
@@ -100,6 +103,10 @@ def _check(cfg: Config) -> None:
             build_options(REGISTRY[e].Options, e, opts)
         except UserError as err:
             raise UserError(f"engine_options.{e}: {err}") from None
+    targets = cfg.resolved_targets()
+    for i, t in enumerate(targets):
+        if t in targets[:i]:
+            raise UserError(f"targets.{i}: {t} is already listed as targets.{targets.index(t)}")
     if cfg.targets and max(cfg.ssd_counts) > len(cfg.targets):
         raise UserError(
             f"ssd_counts: {max(cfg.ssd_counts)} SSDs asked for, but targets lists only {len(cfg.targets)}"
@@ -108,21 +115,29 @@ def _check(cfg: Config) -> None:
         raise UserError("total_sizes, tensor_sizes: give both (synthetic states) and/or models")
     if bool(cfg.total_sizes) != bool(cfg.tensor_sizes):
         raise UserError("total_sizes, tensor_sizes: give both or neither")
-    dtypes = [("dtype", cfg.dtype)] + [(f"models.{i}.dtype", m.dtype) for i, m in enumerate(cfg.models)]
+    dtypes = [("dtype", cfg.dtype)] + [
+        (f"models.{i}.dtype", m.dtype) for i, m in enumerate(cfg.models)
+    ]
     for key, name in dtypes:
         if not isinstance(getattr(torch, name, None), torch.dtype):
-            raise UserError(f"{key}: unknown dtype {name!r} (e.g. float32, bfloat16, float16, uint8)")
+            raise UserError(
+                f"{key}: unknown dtype {name!r} (e.g. float32, bfloat16, float16, uint8)"
+            )
     item = getattr(torch, cfg.dtype).itemsize
     for key in ("total_sizes", "tensor_sizes"):
         for i, v in enumerate(getattr(cfg, key)):
             if v % item:
-                raise UserError(f"{key}.{i}: {v} bytes is not a multiple of the {cfg.dtype} size ({item} B)")
+                raise UserError(
+                    f"{key}.{i}: {v} bytes is not a multiple of the {cfg.dtype} size ({item} B)"
+                )
     run, _ = cfg.synthetic_cases()
     if cfg.total_sizes and not run:
         raise UserError("tensor_sizes: every tensor size is larger than every total size")
     for i, m in enumerate(cfg.models):
         if m.preset not in PRESETS:
-            raise UserError(f"models.{i}.preset: unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
+            raise UserError(
+                f"models.{i}.preset: unknown preset {m.preset!r} (known: {', '.join(PRESETS)})"
+            )
         if m.rank >= m.world_size:
             raise UserError(f"models.{i}.rank: {m.rank} must be below world_size {m.world_size}")
 
@@ -162,7 +177,9 @@ def from_dict(raw: Any, where: str = "config") -> Config:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif "input" in err and not isinstance(err["input"], dict | list):
-            msg = f"{msg}, got {err['input']!r}"
+            # Our own validators (sizes) already quote the value; pydantic's messages do not.
+            if err["type"] != "value_error":
+                msg = f"{msg}, got {err['input']!r}"
         raise UserError(f"{where}: {_loc(err['loc'])}: {msg}") from None
     try:
         _check(cfg)

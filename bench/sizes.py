@@ -28,6 +28,9 @@ def parse_size(value: object, field: str = "size", allow_zero: bool = False) -> 
                     f"{field}: cannot read {value!r} as a size; use a number and a unit "
                     "such as 4096B, 256KiB, 64MiB, 1GiB or 1GB"
                 ) from None
+            if isinstance(parsed, bitmath.Bit):
+                # bitmath reads a lowercase b as bits: "1Gb" would silently be 125 MB.
+                raise UserError(f"{field}: {value!r} is in bits; give bytes, e.g. 1GB or 1GiB")
             exact = parsed.bytes
             if exact != int(exact):
                 raise UserError(f"{field}: {value!r} is not a whole number of bytes")

@@ -1,0 +1,146 @@
+"""The `ckptbench` command, run as a real subprocess: what it prints, exit codes, what it creates."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from bench import odirect
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]
+
+
+def ckptbench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def write_config(scratch: Path, **changes: object) -> Path:
+    """The tiny sweep: all five engines, 8 MiB of 1 MiB or 8 MiB tensors (16 MiB is skipped)."""
+    targets = []
+    for i in range(2):
+        d = scratch / f"target-{i}"
+        d.mkdir(exist_ok=True)
+        targets.append(str(d))
+    raw = {
+        "name": "tiny",
+        "engines": ENGINES,
+        "total_sizes": ["8MiB"],
+        "tensor_sizes": ["1MiB", "8MiB", "16MiB"],
+        "ssd_counts": [1, 2],
+        "targets": targets,
+        "repetitions": 1,
+        "warmups": 1,
+        **changes,
+    }
+    path = scratch / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess[str], *says: str) -> str:
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("ckptbench: error: "), lines[0]
+    for s in says:
+        assert s in lines[0], lines[0]
+    return lines[0]
+
+
+def test_engines_lists_all_five() -> None:
+    p = ckptbench("engines")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"device: {'cuda' if torch.cuda.is_available() else 'host-emulated'}"
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted(ENGINES)
+    for line in lines[1:]:
+        assert line.split()[1] == "available", line
+    if not torch.cuda.is_available():
+        (gds,) = [line for line in lines if line.startswith("gds ")]
+        assert "host emulation, gds_mode=emulated" in gds
+        assert "no CUDA device" in gds
+
+
+def test_run_bad_config_one_line_exit_2(scratch: Path) -> None:
+    path = write_config(scratch, repetitons=3)
+    out = scratch / "results"
+    line = assert_one_line_error(ckptbench("run", str(path), "-o", str(out)))
+    assert line == f"ckptbench: error: config {path}: repetitons: unknown key"
+    assert not out.exists()
+
+
+def test_run_bad_set_one_line_exit_2(scratch: Path) -> None:
+    path = write_config(scratch)
+    out = scratch / "results"
+    p = ckptbench("run", str(path), "-o", str(out), "--set", "engine_options.gds.chunk_bytes=1000")
+    assert_one_line_error(p, "engine_options.gds", "chunk_bytes must be a multiple of 4096")
+    p = ckptbench("run", str(path), "-o", str(out), "--set", "nokey")
+    assert_one_line_error(p, "--set 'nokey': expected key=value")
+    assert not out.exists()
+
+
+def test_run_missing_target_one_line_exit_2(scratch: Path) -> None:
+    missing = scratch / "no-such-disk"
+    path = write_config(scratch, targets=[str(scratch / "target-0"), str(missing)])
+    out = scratch / "results"
+    line = assert_one_line_error(ckptbench("run", str(path), "-o", str(out)))
+    assert line == (
+        f"ckptbench: error: target {missing}: does not exist or is not a directory "
+        "(create it or fix targets)"
+    )
+    assert not out.exists()
+
+
+def test_run_missing_config_one_line_exit_2(scratch: Path) -> None:
+    missing = scratch / "nope.yaml"
+    line = assert_one_line_error(ckptbench("run", str(missing), "-o", str(scratch / "r")))
+    assert line == f"ckptbench: error: config {missing}: no such file"
+
+
+def test_run_tiny_sweep(scratch: Path) -> None:
+    path = write_config(scratch)
+    for t in ("target-0", "target-1"):
+        reason = odirect.probe(str(scratch / t))
+        if reason:
+            pytest.skip(f"scratch refuses O_DIRECT, needed by cpu-single and gds: {reason}")
+    out = scratch / "results"
+    p = ckptbench("run", str(path), "-o", str(out))  # with the progress bar
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    (run_id,) = os.listdir(out)
+    run_dir = out / run_id
+    assert sorted(os.listdir(run_dir)) == ["env.json", "results.csv"]
+    lines = p.stdout.splitlines()
+    kind = "cuda" if torch.cuda.is_available() else "host-emulated, emulated"
+    assert f"run {run_id} ({kind})" in lines
+    assert "skipped (tensor larger than total): 8388608B/16777216B" in lines
+    assert f"results: {run_dir}/results.csv, environment: {run_dir}/env.json" in lines
+    assert (
+        "note: all targets share one device: SSD-count scaling on this run is not real scaling"
+        in lines
+    )
+    table = p.stdout[p.stdout.index("write_GBps") :]
+    for e in ENGINES:
+        assert e in table
+    assert "synthetic-8MiB-1MiB" in table and "synthetic-8MiB-8MiB" in table
+    assert "16MiB" not in table
+    with open(run_dir / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 32
+    assert {r["verified"] for r in rows} == {"True"}
+    assert {r["error"] for r in rows} == {""}

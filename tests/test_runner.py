@@ -1,0 +1,367 @@
+"""bench.runner: a sweep's rows (columns, counts, values), its env.json, and failed cases.
+
+The tiny sweep (all five engines, 8 MiB states, 1 and 2 targets) runs once for the module; the
+failure tests run smaller sweeps with a fault injected through monkeypatch.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import shutil
+import statistics
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import scratch_base
+
+from bench import cli, config, measure, odirect, results, runner, verify
+from bench.engines import REGISTRY
+from bench.errors import UserError
+
+MiB = 2**20
+ENGINES = ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]
+STRIPED = ("gds", "cpu-double", "cpu-single")
+BASELINES = ("torch-save", "dcp")
+CHUNK = {"gds": MiB, "cpu-single": MiB, "cpu-double": 16 * MiB}
+EMULATED = not torch.cuda.is_available()
+# DCP warns about single-process use from its own threads; bench.engines.dcp silences it, but
+# pytest resets the warning filters for each test.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def tiny_raw(targets: list[str]) -> dict[str, Any]:
+    """The tiny sweep: 8 MiB of 1 MiB or 8 MiB tensors (16 MiB is skipped), 1 and 2 targets.
+
+    cpu-double keeps 16 MiB chunks, so its 8 MiB state fits one chunk and uses one target of two.
+    """
+    return {
+        "name": "tiny",
+        "engines": ENGINES,
+        "total_sizes": ["8MiB"],
+        "tensor_sizes": ["1MiB", "8MiB", "16MiB"],
+        "ssd_counts": [1, 2],
+        "targets": targets,
+        "repetitions": 1,
+        "warmups": 1,
+        "engine_options": {e: {"chunk_bytes": CHUNK[e]} for e in STRIPED},
+    }
+
+
+def make_targets(root: Path, n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        d = root / f"target-{i}"
+        d.mkdir(parents=True)
+        reason = odirect.probe(str(d))
+        if reason:
+            pytest.skip(f"scratch refuses O_DIRECT, needed by cpu-single and gds: {reason}")
+        out.append(str(d))
+    return out
+
+
+def read_csv(run_dir: str) -> tuple[list[str], list[dict[str, str]]]:
+    with open(os.path.join(run_dir, "results.csv"), newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[dict[str, Any]]:
+    """Runs the tiny sweep once; yields the runner, its run directory and the rows."""
+    root = Path(tempfile.mkdtemp(prefix="test_runner-tiny-", dir=scratch_base()))
+    try:
+        targets = make_targets(root, 2)
+        cfg = config.from_dict(tiny_raw(targets))
+        r = runner.Runner(cfg, str(root / "results"), quiet=True)
+        run_dir = r.run()
+        columns, rows = read_csv(run_dir)
+        yield {"cfg": cfg, "runner": r, "run_dir": run_dir, "columns": columns, "rows": rows,
+               "targets": targets}  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
+    cfg, rows = tiny["cfg"], tiny["rows"]
+    assert tiny["columns"] == results.COLUMNS
+    per_round = len(STRIPED) * len(cfg.ssd_counts) + len(BASELINES) * 1
+    n_workloads = 2  # 8MiB/1MiB and 8MiB/8MiB; 8MiB/16MiB is skipped
+    assert len(rows) == per_round * (cfg.warmups + cfg.repetitions) * n_workloads == 32
+    assert tiny["runner"].failures == 0
+    assert os.path.basename(tiny["run_dir"]) == tiny["runner"].run_id
+    assert sorted(os.listdir(tiny["run_dir"])) == ["env.json", "results.csv"]
+
+
+def test_tiny_run_cases_in_order(tiny: dict[str, Any]) -> None:
+    got = [
+        (r["n_targets"], r["workload"], r["warmup"], r["rep"], r["engine"]) for r in tiny["rows"]
+    ]
+    want = []
+    for n in ("1", "2"):
+        for w in ("synthetic-8MiB-1MiB", "synthetic-8MiB-8MiB"):
+            for warm in ("True", "False"):
+                for e in ENGINES:
+                    if n == "1" or e in STRIPED:  # baselines only at the smallest SSD count
+                        want.append((n, w, warm, "0", e))
+    assert got == want
+    for r in tiny["rows"]:
+        assert r["case_id"] == f"{r['workload']}-x{r['n_targets']}-{r['engine']}"
+        assert r["run_id"] == tiny["runner"].run_id
+
+
+def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
+    for r in tiny["rows"]:
+        e, n = r["engine"], int(r["n_targets"])
+        where = f"{r['case_id']} warmup={r['warmup']}"
+        assert r["verified"] == "True", where
+        assert r["error"] == "", where
+        assert r["device"] == ("host-emulated" if EMULATED else "cuda")
+        assert r["emulated"] == str(EMULATED)
+        if e != "gds":
+            assert r["gds_mode"] == "none", where
+        elif EMULATED:
+            assert r["gds_mode"] == "emulated", where
+        else:
+            assert r["gds_mode"] in ("gds", "compat"), where
+        tensor = 1 * MiB if r["workload"] == "synthetic-8MiB-1MiB" else 8 * MiB
+        assert int(r["total_bytes"]) == 8 * MiB
+        assert int(r["tensor_bytes"]) == tensor
+        assert int(r["n_tensors"]) == 8 * MiB // tensor
+        assert r["dtype"] == "float32"
+        stall, persist, total = float(r["stall_s"]), float(r["persist_s"]), float(r["total_s"])
+        assert 0 < stall <= total, where
+        assert persist == pytest.approx(total - stall, abs=1e-6), where
+        assert float(r["restore_s"]) > 0
+        assert float(r["wait_prev_s"]) >= 0
+        assert int(r["rss_peak_bytes"]) > 8 * MiB
+        assert float(r["cpu_user_s"]) >= 0 and float(r["cpu_sys_s"]) >= 0
+        assert r["cache_dropped"] == str(tiny["runner"].cache_dropped)
+        if e in STRIPED:
+            chunks = -(-8 * MiB // CHUNK[e])
+            assert int(r["targets_used"]) == min(n, chunks), where
+            assert r["checksums"] == "True"
+            assert float(r["hash_s"]) > 0
+            opts = json.loads(r["options"])
+            assert opts["chunk_bytes"] == CHUNK[e]
+            assert opts["checksums"] is True
+        else:
+            assert n == 1 and int(r["targets_used"]) == 1, where
+            assert r["checksums"] == "False"
+        if e in ("cpu-single", "cpu-double"):
+            assert int(r["pinned_bytes"]) >= 8 * MiB, where
+        else:
+            assert int(r["pinned_bytes"]) == 0, where
+        if e in ("gds", "torch-save"):  # synchronous: durable when save() returns
+            assert float(r["persist_s"]) < 1e-3, where
+
+
+def test_tiny_run_staging_grows_only_outside_the_timed_saves(tiny: dict[str, Any]) -> None:
+    # The runner warms every engine's staging for the state before timing anything.
+    assert {r["staging_grew"] for r in tiny["rows"]} == {"False"}
+    assert {r["copied_tensors"] for r in tiny["rows"]} == {"0"}
+
+
+def test_tiny_run_env_json(tiny: dict[str, Any]) -> None:
+    with open(os.path.join(tiny["run_dir"], "env.json")) as f:
+        envb = json.load(f)
+    storage = envb["storage"]
+    assert [t["path"] for t in storage["targets"]] == tiny["targets"]
+    for t in storage["targets"]:
+        assert t["fstype"] and t["fstype"] != "unknown"
+        assert t["mount"] and t["block"]["dev"]
+        assert t["free_bytes"] > 0
+    assert storage["shared_device"] is True  # both targets are folders on one disk
+    assert storage["distinct_devices"] == 1
+    assert any("share one device" in n for n in envb["notes"])
+    assert envb["device"] == {"kind": "host-emulated" if EMULATED else "cuda", "emulated": EMULATED}
+    assert envb["config"]["skipped_cases"] == [
+        {"total_bytes": 8 * MiB, "tensor_bytes": 16 * MiB, "why": "tensor larger than total"}
+    ]
+    assert envb["config"]["targets"] == tiny["targets"]
+    assert envb["config"]["engine_options"]["cpu-single"]["chunk_bytes"] == MiB
+    assert envb["packages"]["torch"] == torch.__version__
+    assert "commit" in envb["git"]
+    assert envb["memory_bytes"] > 0 and envb["cpu"]["logical_cores"] >= 1
+
+
+def test_tiny_run_summary(tiny: dict[str, Any]) -> None:
+    table = runner.summary(tiny["run_dir"])
+    assert len(table) == 16  # (3 striped x 2 counts + 2 baselines) x 2 workloads
+    assert set(table["n"]) == {1}
+    assert (table["write_GBps"] > 0).all()
+    rows = table.reset_index()
+    first = rows[(rows["workload"] == "synthetic-8MiB-1MiB") & (rows["n_targets"] == 1)]
+    assert list(first["engine"]) == ENGINES
+    assert list(rows[rows["n_targets"] == 2]["engine"].unique()) == list(STRIPED)
+
+
+# -- page cache and stall: the point of cpu-single ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_cpu_single_bypasses_the_page_cache(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dropping the whole page cache would make later reads (ours and other processes') grow
+    # `Cached` during the saves and blur the measurement.
+    monkeypatch.setattr(measure, "drop_page_cache", lambda: "not dropped in this test")
+    raw = {
+        "name": "pagecache",
+        "engines": ["cpu-single", "cpu-double"],
+        "total_sizes": ["256MiB"],
+        "tensor_sizes": ["64MiB"],
+        "ssd_counts": [1],
+        "targets": make_targets(scratch, 1),
+        "repetitions": 2,
+        "warmups": 1,
+        "engine_options": {"cpu-single": {"checksums": True}, "cpu-double": {"checksums": True}},
+    }
+    r = runner.Runner(config.from_dict(raw), str(scratch / "results"), quiet=True)
+    _, rows = read_csv(r.run())
+    assert r.failures == 0
+    assert len(rows) == 6
+
+    def median(engine: str, col: str) -> float:
+        vals = [float(x[col]) for x in rows if x["engine"] == engine and x["warmup"] == "False"]
+        assert len(vals) == 2
+        return statistics.median(vals)
+
+    total = 256 * MiB
+    assert median("cpu-single", "page_cache_peak_bytes") < 0.10 * total
+    assert median("cpu-double", "page_cache_peak_bytes") > 0.50 * total
+    assert median("cpu-single", "stall_s") < 0.5 * median("cpu-single", "total_s")
+
+
+# -- failed cases ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A small sweep (8 MiB of 4 MiB tensors, 1 target, 2 repetitions, no warm-up)."""
+    monkeypatch.setattr(measure, "drop_page_cache", lambda: "not dropped in this test")
+    targets = make_targets(scratch, 1)
+    return {
+        "name": "small",
+        "engines": ["cpu-single", "torch-save"],
+        "total_sizes": ["8MiB"],
+        "tensor_sizes": ["4MiB"],
+        "targets": targets,
+        "repetitions": 2,
+        "warmups": 0,
+    }
+
+
+def test_failed_verification_is_recorded(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verify, "first_difference", lambda a, b, path="": "['t00001']")
+    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    _, rows = read_csv(r.run())
+    assert [(x["engine"], x["rep"]) for x in rows] == [
+        ("cpu-single", "0"), ("torch-save", "0"), ("cpu-single", "1"), ("torch-save", "1"),
+    ]  # fmt: skip
+    for x in rows:
+        if x["engine"] == "cpu-single":
+            assert x["verified"] == "False"
+            assert x["error"] == "restored state differs at ['t00001']"
+            assert float(x["total_s"]) > 0  # the save itself was measured
+        else:  # the baselines are compared by first_tensor_difference, not patched here
+            assert x["verified"] == "True" and x["error"] == ""
+    assert r.failures == 2
+    assert os.listdir(small["targets"][0]) == []  # every checkpoint deleted, failed or not
+
+
+def test_engine_error_is_recorded_and_the_sweep_goes_on(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def broken_load(self: Any, name: str, device: str = "cpu") -> Any:
+        calls.append(name)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "injected read error", name)
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(REGISTRY["cpu-single"], "load", broken_load)
+    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    _, rows = read_csv(r.run())
+    assert len(rows) == 4
+    single = [x for x in rows if x["engine"] == "cpu-single"]
+    assert single[0]["error"].startswith("OSError: [Errno 5] injected read error: ")
+    assert single[1]["error"] == "RuntimeError: injected bug"
+    for x in single:
+        assert x["verified"] == "False"
+        assert x["restore_s"] == ""  # never reached
+        assert float(x["total_s"]) > 0
+    assert all(x["verified"] == "True" for x in rows if x["engine"] == "torch-save")
+    assert r.failures == 2
+    assert os.listdir(small["targets"][0]) == []
+
+
+def test_on_error_stop_keeps_the_rows_so_far(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verify, "first_difference", lambda a, b, path="": "['t00000']")
+    small = {**small, "engines": ["torch-save", "cpu-single"], "on_error": "stop"}
+    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    with pytest.raises(UserError) as e:
+        r.run()
+    assert str(e.value) == (
+        "stopped after a failed case (synthetic-8MiB-4MiB-x1-cpu-single); "
+        f"results so far are in {r.run_dir}"
+    )
+    _, rows = read_csv(r.run_dir)
+    assert [(x["engine"], x["verified"]) for x in rows] == [
+        ("torch-save", "True"), ("cpu-single", "False"),
+    ]  # fmt: skip
+    assert r.failures == 1
+
+
+def test_cli_exits_1_when_a_row_fails(
+    small: dict[str, Any],
+    scratch: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(verify, "first_difference", lambda a, b, path="": "['t00000']")
+    path = scratch / "small.yaml"
+    path.write_text(json.dumps(small))  # JSON is YAML
+    assert cli.main(["run", str(path), "-o", str(scratch / "results"), "-q"]) == 1
+    out, err = capsys.readouterr()
+    assert "2 row(s) failed or did not verify" in err
+    assert "results: " in out
+
+
+# -- preflight: nothing runs, no run directory ------------------------------------------------
+
+
+def test_preflight_o_direct_refused(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(odirect, "probe", lambda path: "O_DIRECT refused (EINVAL)")
+    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    with pytest.raises(UserError) as e:
+        r.run()
+    t = small["targets"][0]
+    assert str(e.value) == (
+        f"target {t}: O_DIRECT refused (EINVAL); needed by cpu-single (use a disk-backed target)"
+    )
+    assert not (scratch / "results").exists()
+
+
+def test_preflight_no_space(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = shutil.disk_usage
+    monkeypatch.setattr(runner.shutil, "disk_usage", lambda p: real(p)._replace(free=10 * MiB))
+    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    with pytest.raises(UserError) as e:
+        r.run()
+    t = small["targets"][0]
+    assert str(e.value) == f"target {t}: 10MiB free, a checkpoint here needs 72.4MiB"
+    assert not (scratch / "results").exists()

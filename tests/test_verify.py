@@ -1,0 +1,148 @@
+"""bench.verify: the byte-for-byte comparison of a restored state with its source."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+import torch
+
+from bench.verify import first_difference, first_tensor_difference, same_tensor
+
+
+def _state() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model": OrderedDict(
+            [("w", torch.randn(4, 3, generator=g)), ("b", torch.arange(5, dtype=torch.int64))]
+        ),
+        "optim": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(4, 3, generator=g)}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0], "fused": None}],
+        },
+        "extra": [torch.empty(0), "name", 7, True, 2.5],
+    }
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return type(obj)((k, _clone(v)) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+def test_equal_copy_has_no_difference() -> None:
+    a = _state()
+    assert first_difference(a, _clone(a)) is None
+    assert first_tensor_difference(a, _clone(a)) is None
+
+
+def test_dtype_change() -> None:
+    a, b = _state(), _state()
+    b["model"]["w"] = b["model"]["w"].view(torch.int32)  # same bits, another dtype
+    assert first_difference(a, b) == "['model']['w']"
+    assert first_tensor_difference(a, b) == "model/w"
+
+
+def test_shape_change() -> None:
+    a, b = _state(), _state()
+    b["model"]["w"] = b["model"]["w"].reshape(3, 4)  # same bytes, another shape
+    assert first_difference(a, b) == "['model']['w']"
+    assert first_tensor_difference(a, b) == "model/w"
+
+
+def test_one_flipped_bit() -> None:
+    a, b = _state(), _state()
+    exp_avg = b["optim"]["state"][0]["exp_avg"]
+    exp_avg.view(torch.int32)[2, 1] ^= 1 << 7
+    assert first_difference(a, b) == "['optim']['state'][0]['exp_avg']"
+    assert first_tensor_difference(a, b) == "optim/state/0/exp_avg"
+    assert not same_tensor(a["optim"]["state"][0]["exp_avg"], exp_avg)
+
+
+def test_key_order_change() -> None:
+    a, b = _state(), _state()
+    b["model"] = OrderedDict(reversed(list(b["model"].items())))
+    assert first_difference(a, b) == "['model'] (keys differ)"
+    assert first_tensor_difference(a, b) is None  # the same tensors under the same paths
+
+
+def test_dict_vs_ordered_dict() -> None:
+    a, b = _state(), _state()
+    b["model"] = dict(b["model"])
+    assert first_difference(a, b) == "['model'] (type OrderedDict vs dict)"
+
+
+def test_list_vs_tuple() -> None:
+    a, b = _state(), _state()
+    b["optim"]["param_groups"][0]["betas"] = [0.9, 0.95]
+    assert first_difference(a, b) == "['optim']['param_groups'][0]['betas'] (type tuple vs list)"
+    b = _state()
+    b["extra"] = tuple(b["extra"])
+    assert first_difference(a, b) == "['extra'] (type list vs tuple)"
+
+
+def test_int_key_vs_str_key() -> None:
+    a, b = _state(), _state()
+    b["optim"]["state"] = {str(k): v for k, v in b["optim"]["state"].items()}
+    assert first_difference(a, b) == "['optim']['state'] (keys differ)"
+    # DCP loads int keys back as str: the looser check for baselines ignores that.
+    assert first_tensor_difference(a, b) is None
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "says"),
+    [
+        (7, 8, "['extra'][2]"),
+        (7, 7.0, "['extra'][2] (type int vs float)"),
+        (1, True, "['extra'][2] (type int vs bool)"),
+        (None, 0, "['extra'][2] (type NoneType vs int)"),
+        ("a", "b", "['extra'][2]"),
+    ],
+)
+def test_plain_values(x: Any, y: Any, says: str) -> None:
+    a, b = _state(), _state()
+    a["extra"][2], b["extra"][2] = x, y
+    assert first_difference(a, b) == says
+
+
+def test_length_and_missing_tensors() -> None:
+    a, b = _state(), _state()
+    b["extra"].append(1)
+    assert first_difference(a, b) == "['extra'] (length 5 vs 6)"
+    b = _state()
+    del b["model"]["b"]
+    assert first_difference(a, b) == "['model'] (keys differ)"
+    assert first_tensor_difference(a, b) == "tensor set differs at model/b"
+    b = _state()
+    b["model"]["b"] = 5  # a tensor replaced by a plain value
+    assert first_difference(a, b) == "['model']['b']"
+
+
+def test_nan_equals_nan() -> None:
+    a, b = _state(), _state()
+    a["extra"][4] = b["extra"][4] = float("nan")
+    a["model"]["w"][0, 0] = b["model"]["w"][0, 0] = float("nan")
+    assert first_difference(a, b) is None
+    assert first_tensor_difference(a, b) is None
+    # Only the very same bits are equal: another NaN payload is a difference.
+    b["model"]["w"].view(torch.int32)[0, 0] ^= 1
+    assert first_difference(a, b) == "['model']['w']"
+
+
+def test_root_and_special_tensors() -> None:
+    t = torch.arange(6.0)
+    assert first_difference(t, t.clone()) is None
+    assert first_difference(t, t + 1) == "(root)"
+    assert first_difference({"a": t}, [t]) == "(root) (type dict vs list)"
+    nc = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous
+    assert same_tensor(nc, nc.contiguous())
+    assert same_tensor(torch.tensor(1.5), torch.tensor(1.5))
+    assert not same_tensor(torch.tensor(1.5), torch.tensor([1.5]))
+    assert same_tensor(torch.empty(0, 3), torch.empty(0, 3))
+    assert not same_tensor(torch.empty(0, 3), torch.empty(3, 0))
+    assert not same_tensor(torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.uint8))

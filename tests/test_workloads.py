@@ -1,0 +1,171 @@
+"""bench.workloads: synthetic states of exact sizes, and model-shaped presets with real shapes."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from bench.errors import UserError
+from bench.workloads import PRESETS, model_state, synthetic_state
+from bench.workloads.models import _gpt2_shapes, _llama_shapes
+
+MiB = 2**20
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _n_params(shapes: list[tuple[str, tuple[int, ...]]]) -> int:
+    return sum(math.prod(s) for _, s in shapes)
+
+
+def test_synthetic_sizes_last_tensor_smaller() -> None:
+    state = synthetic_state(10 * MiB, 4 * MiB)
+    assert list(state) == ["t00000", "t00001", "t00002"]
+    assert [_nbytes(t) for t in state.values()] == [4 * MiB, 4 * MiB, 2 * MiB]
+    assert sum(_nbytes(t) for t in state.values()) == 10 * MiB
+    assert all(t.dim() == 1 and t.dtype == torch.float32 for t in state.values())
+
+
+@pytest.mark.parametrize(
+    ("total", "tensor", "dtype", "n"),
+    [
+        (8 * MiB, 1 * MiB, torch.float32, 8),
+        (8 * MiB, 8 * MiB, torch.bfloat16, 1),
+        (4 * MiB + 6, 2 * MiB, torch.float16, 3),
+        (1000, 1000, torch.uint8, 1),
+        (12_345, 100, torch.uint8, 124),
+        (64 * MiB, 4096, torch.float64, 16384),
+    ],
+)
+def test_synthetic_exact_bytes_and_dtype(
+    total: int, tensor: int, dtype: torch.dtype, n: int
+) -> None:
+    state = synthetic_state(total, tensor, dtype)
+    assert len(state) == n
+    assert sum(_nbytes(t) for t in state.values()) == total
+    assert all(t.dtype == dtype and t.device.type == "cpu" for t in state.values())
+    assert all(_nbytes(t) == tensor for t in list(state.values())[:-1])
+    assert 0 < _nbytes(list(state.values())[-1]) <= tensor
+    # Random bits, never zeros: no tensor may be all zero bytes.
+    for t in state.values():
+        assert t.view(torch.uint8).any(), "a tensor is all zeros"
+
+
+def test_synthetic_deterministic_for_a_seed() -> None:
+    a = synthetic_state(3 * MiB + 12, MiB, seed=7)
+    b = synthetic_state(3 * MiB + 12, MiB, seed=7)
+    c = synthetic_state(3 * MiB + 12, MiB, seed=8)
+    assert list(a) == list(b)
+    assert all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+    assert not torch.equal(a["t00000"].view(torch.uint8), c["t00000"].view(torch.uint8))
+    # Tensors differ from each other too (not one block repeated).
+    assert not torch.equal(a["t00000"].view(torch.uint8), a["t00001"].view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("total", "tensor", "dtype", "says"),
+    [
+        (MiB, 2 * MiB, torch.float32, "tensor size 2097152 is larger than the total 1048576"),
+        (MiB + 2, MiB, torch.float32, "multiples of the torch.float32 element size (4 B)"),
+        (MiB, 6, torch.float64, "multiples of the torch.float64 element size (8 B)"),
+    ],
+)
+def test_synthetic_errors(total: int, tensor: int, dtype: torch.dtype, says: str) -> None:
+    with pytest.raises(UserError) as e:
+        synthetic_state(total, tensor, dtype)
+    assert says in str(e.value)
+
+
+def test_gpt2_small_parameters_and_names() -> None:
+    state = model_state("gpt2-small", optimizer=False)
+    assert list(state) == ["model"]
+    model = state["model"]
+    assert isinstance(model, OrderedDict)
+    assert sum(t.numel() for t in model.values()) == 124_439_808
+    assert _n_params(_gpt2_shapes(PRESETS["gpt2-small"])) == 124_439_808
+    assert len(model) == 2 + 12 * 12 + 2
+    assert list(model)[:3] == ["wte.weight", "wpe.weight", "h.0.ln_1.weight"]
+    assert list(model)[-2:] == ["ln_f.weight", "ln_f.bias"]
+    assert model["wte.weight"].shape == (50257, 768)
+    assert model["wpe.weight"].shape == (1024, 768)
+    assert model["h.0.attn.c_attn.weight"].shape == (768, 2304)
+    assert model["h.11.mlp.c_fc.weight"].shape == (768, 3072)
+    assert model["h.11.mlp.c_proj.weight"].shape == (3072, 768)
+    assert all(t.dtype == torch.float32 and t.is_contiguous() for t in model.values())
+
+
+@pytest.mark.parametrize(
+    ("preset", "params"),
+    [("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+)
+def test_gpt2_sizes_match_hugging_face(preset: str, params: int) -> None:
+    assert _n_params(_gpt2_shapes(PRESETS[preset])) == params
+
+
+def test_gpt2_small_with_adamw_state() -> None:
+    # bf16 parameters keep this at ~1.2 GB; AdamW's moments stay fp32 whatever the params are.
+    state = model_state("gpt2-small", dtype=torch.bfloat16, optimizer=True)
+    model, optim = state["model"], state["optim"]
+    params = list(model.values())
+    assert all(p.dtype == torch.bfloat16 for p in params)
+    assert sorted(optim) == ["param_groups", "state"]
+    assert list(optim["state"]) == list(range(len(params)))
+    for i, p in enumerate(params):
+        s = optim["state"][i]
+        assert sorted(s) == ["exp_avg", "exp_avg_sq", "step"]
+        assert s["step"].dim() == 0 and s["step"].dtype == torch.float32
+        assert s["step"].item() == 1000.0
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert s[k].shape == p.shape and s[k].dtype == torch.float32
+    (group,) = optim["param_groups"]
+    assert group["params"] == list(range(len(params)))
+    assert group["betas"] == (0.9, 0.95)
+
+
+def test_llama_7b_shards_add_up_to_the_full_model() -> None:
+    a = PRESETS["llama-7b-shard"]
+    full = 6_738_415_616  # Llama-2-7B
+    assert _n_params(_llama_shapes(a, 1, 0)) == full
+    for world_size in (4, 5, 32):
+        shards = [_llama_shapes(a, world_size, r) for r in range(world_size)]
+        assert sum(_n_params(s) for s in shards) == full
+        names = [n for s in shards for n, _ in s]
+        assert len(names) == len(set(names)) == 1 + 32 * 9 + 2
+    first, last = _llama_shapes(a, 4, 0), _llama_shapes(a, 4, 3)
+    assert first[0] == ("model.embed_tokens.weight", (32000, 4096))
+    assert last[-2:] == [("model.norm.weight", (4096,)), ("lm_head.weight", (32000, 4096))]
+    assert [n for n, _ in first[1:10]][0] == "model.layers.0.self_attn.q_proj.weight"
+    assert [n for n, _ in last][-3] == "model.layers.31.post_attention_layernorm.weight"
+
+
+def test_llama_shard_allocates_one_layer() -> None:
+    state = model_state("llama-7b-shard", dtype=torch.bfloat16, optimizer=False, world_size=32,
+                        rank=1)  # fmt: skip
+    model = state["model"]
+    assert list(model)[0] == "model.layers.1.self_attn.q_proj.weight"
+    assert all(n.startswith("model.layers.1.") for n in model)
+    assert sum(t.numel() for t in model.values()) == 202_383_360
+    assert model["model.layers.1.mlp.gate_proj.weight"].shape == (11008, 4096)
+    assert model["model.layers.1.mlp.down_proj.weight"].shape == (4096, 11008)
+    assert all(t.dtype == torch.bfloat16 for t in model.values())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"preset": "gpt3"}, "unknown model preset 'gpt3' (known: gpt2-small, "),
+        ({"preset": "llama-7b-shard", "world_size": 4, "rank": 4}, "got world_size=4, rank=4"),
+        ({"preset": "llama-7b-shard", "world_size": 4, "rank": -1}, "got world_size=4, rank=-1"),
+        ({"preset": "llama-7b-shard", "world_size": 33, "rank": 0}, "world_size <= 32"),
+        ({"preset": "llama-7b-shard", "world_size": 0, "rank": 0}, "got world_size=0, rank=0"),
+    ],
+)
+def test_model_state_errors(kwargs: dict, says: str) -> None:
+    with pytest.raises(UserError) as e:
+        model_state(**kwargs)
+    assert says in str(e.value)
