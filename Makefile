@@ -62,3 +62,16 @@ gpu-check:
 
 clean-scratch:
 	rm -rf scratch
+
+# Analysis of the latest run under results/ (or RUN_DIR=results/<run-id>), into RUN_DIR/report/:
+# `make plots` the five figures (PNG + PDF), `make report` those plus summary.csv, report.md/html.
+RUN_DIR ?= $(patsubst %/,%,$(lastword $(sort $(dir $(wildcard results/*/results.csv)))))
+.PHONY: plots report
+
+plots: $(BIN)/.installed
+	@test -n "$(RUN_DIR)" || { echo "no run under results/: run make bench first"; exit 2; }
+	$(BIN)/ckptbench report $(RUN_DIR) --figures-only
+
+report: $(BIN)/.installed
+	@test -n "$(RUN_DIR)" || { echo "no run under results/: run make bench first"; exit 2; }
+	$(BIN)/ckptbench report $(RUN_DIR)

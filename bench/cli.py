@@ -1,4 +1,6 @@
-"""The `ckptbench` command: `run CONFIG`, `engines`.
+"""The `ckptbench` command: `run CONFIG`, `engines`, `clean TARGET...`, `report`, `model`, `compare`.
+
+`report RUN_DIR`, `model PROFILE` and `compare RUN_A RUN_B` read results files (analysis/).
 
 Errors a user can cause print one line and exit with code 2; a run with any row that failed to
 verify exits with code 1.
@@ -7,6 +9,7 @@ verify exits with code 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from bench.errors import UserError
@@ -16,8 +19,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from bench import config, runner  # noqa: PLC0415 - keep `--help` fast
 
     cfg = config.load(args.config, args.set)
-    r = runner.Runner(cfg, args.output, quiet=args.quiet)
-    run_dir = r.run()
+    r = runner.Runner(cfg, args.output, quiet=args.quiet, resume=args.resume)
+    try:
+        run_dir = r.run()
+    except KeyboardInterrupt:
+        if r.run_dir is None:
+            raise
+        print(
+            f"ckptbench: interrupted; the rows recorded so far are in {r.run_dir}/results.csv "
+            f"and the current case's files were removed. Continue with: "
+            f"ckptbench run {args.config} --resume {r.run_dir}"
+            + "".join(f" --set {a}" for a in args.set),
+            file=sys.stderr,
+        )
+        return 130
     table = runner.summary(run_dir)
     print(f"\nrun {r.run_id} ({r.device.kind}{', emulated' if r.device.emulated else ''})")
     if cfg.synthetic_cases()[1]:
@@ -51,9 +66,110 @@ def _cmd_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _cmd_clean(args: argparse.Namespace) -> int:
+    from bench import manifest  # noqa: PLC0415
+    from bench.engines.base import check_targets  # noqa: PLC0415
+
+    targets = check_targets("clean", args.targets)
+    names = args.name or sorted(
+        {d for t in targets for d in os.listdir(t) if os.path.isdir(os.path.join(t, d))}
+    )
+    removed = []
+    for n in names:
+        found = manifest.leftovers(targets, n)
+        if not args.dry_run:
+            manifest.remove_files(found)
+        removed += found
+    verb = "would remove" if args.dry_run else "removed"
+    for p in removed:
+        print(f"{verb} {p}")
+    print(f"{len(removed)} leftover file(s) of interrupted saves {verb}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from analysis import report  # noqa: PLC0415 - matplotlib only when asked for
+
+    rep = report.build(args.run_dir, args.output, figures_only=args.figures_only)
+    print(rep.summary_text)
+    for note in rep.notes:
+        print(f"note: {note}")
+    print(f"wrote {len(rep.paths)} files to {rep.outdir} in {rep.seconds:.1f} s:")
+    for path in rep.paths:
+        print(f"  {os.path.relpath(path)}")
+    return 0
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    from analysis import model, runs  # noqa: PLC0415
+    from bench.sizes import parse_size  # noqa: PLC0415
+
+    if args.from_run:
+        if args.profile != model.THIS_MACHINE:
+            raise UserError(
+                f"--from-run fills the {model.THIS_MACHINE} profile, not {args.profile!r}"
+            )
+        prof = model.from_run(runs.load(args.from_run))
+    else:
+        prof = model.load_profile(args.profile)
+    if args.size is not None:
+        prof = model.with_size(prof, parse_size(args.size, "--size"))
+    if args.ssds is not None:
+        if args.ssds < 1:
+            raise UserError(f"--ssds: must be at least 1, got {args.ssds}")
+        prof = model.with_ssds(prof, args.ssds)
+    print(model.feasibility_text(prof))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from analysis import compare  # noqa: PLC0415
+
+    c = compare.compare(args.runs, args.metric, force=args.force)
+    print(compare.text(c))
+    if c.forced and c.refusals:
+        print("WARNING: runs are not comparable (see above); compared because of --force",
+              file=sys.stderr)  # fmt: skip
+    paths = compare.write(c, args.output or compare.default_outdir(c))
+    print(f"wrote {', '.join(os.path.relpath(p) for p in paths)}")
+    return 0
+
+
+def _analysis_parsers(sub: argparse._SubParsersAction) -> None:
+    """`report`, `model` and `compare`: they read results files only (analysis/)."""
+    rp = sub.add_parser("report", help="figures, summary and report.md of a run")
+    rp.add_argument("run_dir", help="a run directory, results/<run-id>")
+    rp.add_argument("-o", "--output", help="where to write (default: RUN_DIR/report)")
+    rp.add_argument("--figures-only", action="store_true", help="only the figures (make plots)")
+    rp.set_defaults(fn=_cmd_report)
+    mp = sub.add_parser("model", help="the analytical model's feasibility table for a profile")
+    mp.add_argument("profile", help="configs/hardware/<name>.yaml by name (e.g. dgx-h100-gen4) "
+                    "or a .yaml path; this-machine needs --from-run")  # fmt: skip
+    mp.add_argument("--ssds", type=int, help="SSDs per GPU (default: the profile's)")
+    mp.add_argument("--size", help="checkpoint size of one GPU, e.g. 80GB (default: the profile's)")
+    mp.add_argument("--from-run", metavar="RUN_DIR", help="calibrate this-machine from a run")
+    mp.set_defaults(fn=_cmd_model)
+    cp = sub.add_parser("compare", help="compare runs (e.g. two storage devices) case by case")
+    cp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="RUN_A RUN_B [...]: each vs A")
+    cp.add_argument("--metric", default="write", choices=["write", "stall", "durable", "restore"],
+                    help="what to compare (default: write GB/s)")  # fmt: skip
+    cp.add_argument("--force", action="store_true",
+                    help="compare even when the essential environment differs (warns loudly)")  # fmt: skip
+    cp.add_argument("-o", "--output",
+                    help="where to write (default: LAST_RUN/report/compare-vs-<A's run id>)")  # fmt: skip
+    cp.set_defaults(fn=_cmd_compare)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ckptbench", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="ckptbench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run a sweep config, write results/<run-id>/")
     r.add_argument("config", help="YAML sweep config, e.g. configs/default.yaml")
     r.add_argument("-o", "--output", default="results", help="results root (default: results)")
@@ -61,9 +177,18 @@ def parser() -> argparse.ArgumentParser:
                    help="override a config key, e.g. --set repetitions=5 "
                    "--set engine_options.cpu-single.chunk_bytes=32MiB")  # fmt: skip
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an interrupted run: skip the rows it recorded "
+                   "(refused if the config changed)")  # fmt: skip
     r.set_defaults(fn=_cmd_run)
     e = sub.add_parser("engines", help="list engines and whether each can run here")
     e.set_defaults(fn=_cmd_engines)
+    c = sub.add_parser("clean", help="remove leftovers of interrupted saves from targets")
+    c.add_argument("targets", nargs="+", help="the engine's targets, in the order it uses them")
+    c.add_argument("--name", action="append", help="only this checkpoint (repeatable)")
+    c.add_argument("-n", "--dry-run", action="store_true", help="list, do not remove")
+    c.set_defaults(fn=_cmd_clean)
+    _analysis_parsers(sub)
     return p
 
 

@@ -24,7 +24,14 @@ import torch
 
 from bench import odirect
 from bench.errors import ChecksumError, UserError
-from bench.manifest import Manifest, TensorEntry, checkpoint_dir, checksum, dtype_from_name
+from bench.manifest import (
+    Manifest,
+    TensorEntry,
+    checkpoint_dir,
+    checksum,
+    data_file_name,
+    dtype_from_name,
+)
 
 TENSOR_ALIGN = 64  # offset of each tensor inside a staging buffer: enough for any dtype
 
@@ -145,8 +152,13 @@ def _bounce(fd: int, data: memoryview, block_offset: int, at: int) -> None:
         buf.close()
 
 
-def data_file(targets: list[str], name: str, t: int) -> str:
-    return os.path.join(checkpoint_dir(targets[t], name), f"data-{t}.bin")
+def data_file(targets: list[str], name: str, t: int, save_id: str) -> str:
+    """Where one save puts its bytes for target `t`."""
+    return os.path.join(checkpoint_dir(targets[t], name), data_file_name(t, save_id))
+
+
+def _path(targets: list[str], m: Manifest, t: int) -> str:
+    return os.path.join(checkpoint_dir(targets[t], m.name), m.files[t]["file"])
 
 
 def read_tensors(
@@ -163,7 +175,7 @@ def read_tensors(
     fds: dict[int, int] = {}
     try:
         for t, info in manifest.files.items():
-            path = data_file(targets, manifest.name, t)
+            path = _path(targets, manifest, t)
             try:
                 fds[t] = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -186,7 +198,7 @@ def read_tensors(
                 odirect.pread_into(fds[t], memoryview(arr)[pos : pos + length], off)
                 pos += length
             if manifest.checksums and e.xxh3 is not None and checksum(arr) != e.xxh3:
-                files = sorted({data_file(targets, manifest.name, x[0]) for x in e.extents})
+                files = sorted({_path(targets, manifest, x[0]) for x in e.extents})
                 raise ChecksumError(
                     f"checkpoint {manifest.name!r}: tensor state{e.path} does not match its "
                     f"checksum (file {', '.join(files)})"
@@ -211,12 +223,6 @@ def _typed(buf: torch.Tensor, e: TensorEntry) -> torch.Tensor:
     return buf.view(dtype).view(e.shape)
 
 
-def drop_cached(targets: list[str], manifest: Manifest) -> None:
-    """Ask the kernel to drop this checkpoint's pages from the page cache (no root needed)."""
-    for t in manifest.files:
-        path = data_file(targets, manifest.name, t)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+def files_of(targets: list[str], m: Manifest) -> list[str]:
+    """The data files of a committed checkpoint."""
+    return [_path(targets, m, t) for t in sorted(m.files)]

@@ -1,12 +1,20 @@
 """The checkpoint manifest: the state's structure, every tensor's place on disk, checksums.
 
 A checkpoint named NAME saved over targets T0..Tn-1 is:
-- `Ti/NAME/data-i.bin` for every target that holds data (the striped tensor bytes), and
+- `Ti/NAME/data-i.SAVEID.bin` for every target that holds data (the striped tensor bytes), where
+  SAVEID is new for every save, and
 - `T0/NAME/manifest.json`, written last and atomically (temp file, fsync, rename, fsync of the
-  directory). Without a manifest there is no checkpoint: a save that died before its commit is
-  never taken for a complete one. The order of targets matters: the manifest lives in the first
-  target, and extents name targets by index; the manifest records the list it was saved with
-  and loading with another list is refused.
+  directory), ending in a line with its own xxh3 checksum. Without a manifest there is no
+  checkpoint: a save that died before its commit is never taken for a complete one. The order of
+  targets matters: the manifest lives in the first target, and extents name targets by index; the
+  manifest records the list it was saved with and loading with another list is refused.
+
+Saving under an existing name writes the new generation beside the old one and switches by the
+manifest's rename, so readers see the old checkpoint or the new one, never a mix; the old
+generation's files are removed after the switch. While a save runs, each `Ti/NAME/` holds a
+marker `.saving-SAVEID` naming its process. Files of a save whose process is gone (killed) are
+leftovers: recognisable by their SAVEID, reported by `leftovers()`, and removed by the next save
+of that name or by `clean()`.
 
 The state tree (nested dicts, OrderedDicts, lists, tuples; tensors; ints, floats, bools, strings
 and None, also as keys) is stored as tagged JSON nodes so that keys and container types round-trip.
@@ -16,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -28,6 +38,9 @@ from bench.errors import UserError
 
 FORMAT = "ckptbench-1"
 MANIFEST = "manifest.json"
+# The manifest ends with its own checksum, over the JSON text before it (plus the closing brace),
+# so that a damaged manifest is refused even when the damage still parses as JSON.
+SUM_KEY = ',"manifest_xxh3":"'
 
 
 def checksum(view: Any) -> str:
@@ -127,6 +140,7 @@ class Manifest:
     tree: Any
     checksums: bool
     payload_bytes: int
+    save_id: str = ""
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -139,16 +153,21 @@ class Manifest:
             "files": {str(k): v for k, v in self.files.items()},
             "checksums": "xxh3_64" if self.checksums else None,
             "payload_bytes": self.payload_bytes,
+            "save_id": self.save_id,
             "extra": self.extra,
             "tree": self.tree,
             "tensors": [t.__dict__ for t in self.tensors],
         }
-        return json.dumps(d, separators=(",", ":"))
+        body = json.dumps(d, separators=(",", ":"))
+        return f'{body[:-1]}{SUM_KEY}{checksum(body.encode())}"}}\n'
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
+        head, sep, tail = text.rstrip("\n").rpartition(SUM_KEY)
+        if not sep or checksum((head + "}").encode()) + '"}' != tail:
+            raise UserError(f"{where}: manifest is damaged (its checksum is missing or wrong)")
         try:
-            d = json.loads(text)
+            d = json.loads(head + "}")
             if d.get("format") != FORMAT:
                 raise UserError(f"{where}: not a {FORMAT} manifest (format {d.get('format')!r})")
             return cls(
@@ -160,6 +179,7 @@ class Manifest:
                 tree=d["tree"],
                 checksums=d["checksums"] is not None,
                 payload_bytes=int(d["payload_bytes"]),
+                save_id=str(d["save_id"]),
                 extra=d.get("extra", {}),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -185,7 +205,7 @@ def fsync_dir(path: str) -> None:
 def commit(targets: list[str], manifest: Manifest) -> None:
     """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
     final = manifest_path(targets, manifest.name)
-    tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+    tmp = f"{final}.tmp-{manifest.save_id or uuid.uuid4().hex}"
     with open(tmp, "w") as f:
         f.write(manifest.to_json())
         f.flush()
@@ -204,6 +224,140 @@ def uncommit(targets: list[str], name: str) -> None:
     fsync_dir(os.path.dirname(path))
 
 
+def new_save_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def data_file_name(t: int, save_id: str) -> str:
+    return f"data-{t}.{save_id}.bin"
+
+
+def _marker(save_id: str) -> str:
+    return f".saving-{save_id}"
+
+
+def begin(targets: list[str], name: str, save_id: str) -> None:
+    """Create the checkpoint directories and mark this save as running (for leftover checks)."""
+    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    for t in targets:
+        d = checkpoint_dir(t, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, _marker(save_id)), "w") as f:
+            f.write(info)
+
+
+def _save_id_of(filename: str) -> str | None:
+    """The save a file in a checkpoint directory belongs to, or None if it is not one of ours."""
+    if filename.startswith(".saving-"):
+        return filename[len(".saving-") :]
+    for prefix in (MANIFEST + ".tmp-", "gen-", "current.tmp-"):
+        if filename.startswith(prefix):
+            return filename[len(prefix) :]
+    if filename.startswith("data-") and filename.endswith(".bin") and filename.count(".") == 2:
+        return filename.split(".")[1]
+    return None
+
+
+def _alive(marker_path: str) -> bool:
+    """Whether the process that wrote this marker still runs (on this host)."""
+    try:
+        with open(marker_path) as f:
+            info = json.load(f)
+        if info.get("host") != socket.gethostname():
+            return True  # cannot tell: leave another host's save alone
+        os.kill(int(info["pid"]), 0)
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def committed(targets: list[str], name: str) -> Manifest | None:
+    """The committed manifest of `name` if there is a readable one, else None (no checks)."""
+    try:
+        with open(manifest_path(targets, name)) as f:
+            return Manifest.from_json(f.read(), manifest_path(targets, name))
+    except (OSError, UserError):
+        return None
+
+
+def leftovers(targets: list[str], name: str, keep: str | None = None) -> list[str]:
+    """Files of interrupted saves of `name`: of no committed generation, and their writer gone.
+
+    Committed generations are those named by a manifest or a baseline's pointer found in any of
+    the targets (so a wrong target order never makes committed data look like leftovers), plus
+    `keep`. If a manifest exists but cannot be read, nothing is called a leftover: its data may
+    still be worth recovering by hand.
+    """
+    keep_ids = {keep} if keep else set()
+    listing: dict[str, list[str]] = {}
+    for t in targets:
+        d = checkpoint_dir(t, name)
+        try:
+            listing[d] = sorted(os.listdir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if MANIFEST in listing[d]:
+            try:
+                with open(os.path.join(d, MANIFEST)) as f:
+                    keep_ids.add(Manifest.from_json(f.read(), d).save_id)
+            except (OSError, UserError):
+                return []
+        if "current" in listing[d]:
+            with open(os.path.join(d, "current")) as f:
+                keep_ids.add(f.read().strip())
+    out = []
+    for d, files in listing.items():
+        live = {
+            _save_id_of(f) for f in files if f.startswith(".saving-") and _alive(os.path.join(d, f))
+        }
+        for f in files:
+            sid = _save_id_of(f)
+            if sid is not None and sid not in keep_ids and sid not in live:
+                out.append(os.path.join(d, f))
+    return out
+
+
+def remove_files(paths: list[str]) -> None:
+    """Remove files or directories (missing ones are fine), durably."""
+    dirs = set()
+    for p in paths:
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+            dirs.add(os.path.dirname(p))
+        except FileNotFoundError:
+            pass
+    for d in dirs:
+        fsync_dir(d)
+
+
+def generation_files(targets: list[str], name: str, save_id: str) -> list[str]:
+    """Every file of one save of `name` (data, temp manifest, marker) on every target."""
+    out = []
+    for t in targets:
+        d = checkpoint_dir(t, name)
+        try:
+            out += [os.path.join(d, f) for f in os.listdir(d) if _save_id_of(f) == save_id]
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def status(targets: list[str], name: str) -> str:
+    """`complete`, `incomplete` (an interrupted save left files and nothing is committed),
+    or `absent`."""
+    if committed(targets, name) is not None:
+        return "complete"
+    if leftovers(targets, name) or any(
+        os.path.exists(checkpoint_dir(t, name)) and os.listdir(checkpoint_dir(t, name))
+        for t in targets
+    ):
+        return "incomplete"
+    return "absent"
+
+
 def read(targets: list[str], name: str) -> Manifest:
     """The committed manifest of checkpoint `name`; a clear error if missing or for other targets."""
     path = manifest_path(targets, name)
@@ -211,6 +365,11 @@ def read(targets: list[str], name: str) -> Manifest:
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
+        if leftovers(targets, name):
+            raise UserError(
+                f"checkpoint {name!r} is incomplete: a save was interrupted before its commit "
+                f"({path} does not exist; its leftover files are removed by the next save)"
+            ) from None
         raise UserError(
             f"no complete checkpoint {name!r}: {path} does not exist "
             "(never saved, interrupted before its commit, or saved with another first target)"

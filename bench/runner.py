@@ -83,12 +83,30 @@ def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -
                 raise UserError(
                     f"target {t}: {reason}; needed by {users} (use a disk-backed target)"
                 )
-    synthetic = [w.total_bytes for w in wls if w.kind == "synthetic"]
-    need = int(max(synthetic, default=0) * 1.05) + (64 << 20)
-    free = shutil.disk_usage(targets[0]).free
-    if synthetic and free < need:
-        raise UserError(f"target {targets[0]}: {sizes.format_size(free)} free, a checkpoint here needs "
-                        f"{sizes.format_size(need)}")  # fmt: skip
+    check_space(cfg, targets, wls)
+
+
+def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -> None:
+    """Enough free space on every target for the largest checkpoint it will hold at once.
+
+    Target i holds a stripe 1/N of a checkpoint over N targets (the smallest N that includes it);
+    the first target also holds whole checkpoints of the baselines. Model presets are sized when
+    built; a full disk during a case is recorded as that case's error row.
+    """
+    largest = max((w.total_bytes for w in wls if w.kind == "synthetic"), default=0)
+    if not largest:
+        return
+    baselines = any(not REGISTRY[e].stripes for e in cfg.engines)
+    for i, t in enumerate(targets[: max(cfg.ssd_counts)]):
+        n = min(c for c in cfg.ssd_counts if c > i)
+        share = largest if (i == 0 and baselines) else -(-largest // n)
+        need = int(share * 1.05) + (64 << 20)  # stripes round up to chunks; temp files
+        free = shutil.disk_usage(t).free
+        if free < need:
+            raise UserError(
+                f"target {t}: {sizes.format_size(free)} free, but a "
+                f"{sizes.format_size(largest)} checkpoint needs {sizes.format_size(need)} here"
+            )
 
 
 def _options(cfg: config_mod.Config, engine: str) -> dict[str, Any]:
@@ -109,12 +127,21 @@ def _tensor_stats(state: Any) -> tuple[int, int]:
 class Runner:
     """Runs one config and writes its run directory."""
 
-    def __init__(self, cfg: config_mod.Config, out_root: str, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: config_mod.Config,
+        out_root: str,
+        quiet: bool = False,
+        resume: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.out_root = out_root
         self.quiet = quiet
+        self.resume = resume
         self.failures = 0
         self.notes: list[str] = []
+        self.run_dir: str | None = None
+        self.done: set[tuple[str, bool, int]] = set()
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -133,11 +160,14 @@ class Runner:
             reason = REGISTRY[e].unavailable()
             if reason:
                 raise UserError(f"engines: {e} cannot run here: {reason}")
-        self.run_id, self.run_dir = results.new_run_dir(self.out_root, cfg.name)
         self.device = device
-        envb = env.collect(targets[: max(cfg.ssd_counts)])
-        envb["device"] = {"kind": device.kind, "emulated": device.emulated}
-        envb["config"] = config_mod.resolved(cfg)
+        if self.resume:
+            envb = self._resume_from(self.resume)
+        else:
+            self.run_id, self.run_dir = results.new_run_dir(self.out_root, cfg.name)
+            envb = env.collect(targets[: max(cfg.ssd_counts)])
+            envb["device"] = {"kind": device.kind, "emulated": device.emulated}
+            envb["config"] = config_mod.resolved(cfg)
         if envb["storage"]["shared_device"]:
             self.notes.append(
                 "all targets share one device: SSD-count scaling on this run is not real scaling"
@@ -147,14 +177,15 @@ class Runner:
         if drop_reason:
             self.notes.append(f"page cache not dropped between cases: {drop_reason}")
             self.log(f"warning: {drop_reason}")
-        envb["notes"] = self.notes
+        envb["notes"] = sorted(set(envb.get("notes", []) + self.notes))
         results.write_json(os.path.join(self.run_dir, "env.json"), envb)
         self.writer = results.RowWriter(os.path.join(self.run_dir, "results.csv"))
         per_n = sum(len(self.engines_at(n)) for n in cfg.ssd_counts)
         n_saves = per_n * len(wls) * (cfg.warmups + cfg.repetitions)
-        self.log(f"run {self.run_id}: {n_saves} saves on {device.kind}; results in {self.run_dir}")
+        self.log(f"run {self.run_id}: {n_saves} saves on {device.kind}; results in {self.run_dir}"
+                 + (f" ({len(self.done)} already recorded)" if self.done else ""))  # fmt: skip
         self.bar = tqdm(total=n_saves, unit="save", file=sys.stderr, disable=self.quiet,
-                        dynamic_ncols=True)  # fmt: skip
+                        dynamic_ncols=True, initial=len(self.done))  # fmt: skip
         try:
             for n in cfg.ssd_counts:
                 self._run_targets(targets[:n], wls)
@@ -162,6 +193,37 @@ class Runner:
             self.bar.close()
             self.writer.close()
         return self.run_dir
+
+    def _resume_from(self, run_dir: str) -> dict[str, Any]:
+        """Continue `run_dir`: same config (else refuse), skip the rows already recorded."""
+        env_path = os.path.join(run_dir, "env.json")
+        rows_path = os.path.join(run_dir, "results.csv")
+        if not (os.path.isfile(env_path) and os.path.isfile(rows_path)):
+            raise UserError(
+                f"--resume {run_dir}: not a run directory (needs env.json and results.csv)"
+            )
+        with open(env_path) as f:
+            envb = json.load(f)
+        old, new = envb.get("config", {}), json.loads(json.dumps(config_mod.resolved(self.cfg)))
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if changed:
+            k = changed[0]
+            raise UserError(
+                f"--resume {run_dir}: the config changed since that run ({k}: "
+                f"{old.get(k)!r} then, {new.get(k)!r} now); start a new run instead"
+            )
+        if envb.get("device", {}).get("kind") != self.device.kind:
+            raise UserError(
+                f"--resume {run_dir}: it ran on {envb.get('device')}, this is {self.device.kind}"
+            )
+        self.run_dir = run_dir
+        self.run_id = os.path.basename(os.path.normpath(run_dir))
+        done = results.read_rows(run_dir)
+        self.done = {
+            (str(r.case_id), bool(r.warmup), int(r.rep)) for r in done.itertuples(index=False)
+        }
+        self.notes.append(f"resumed with {len(self.done)} rows already recorded")
+        return envb
 
     def engines_at(self, n: int) -> list[str]:
         """Engines run with N targets: the baselines write to the first target only, whatever
@@ -175,6 +237,14 @@ class Runner:
         engines = {e: create(e, targets, **_options(cfg, e)) for e in names}
         try:
             for w in wls:
+                todo = [
+                    (i, name)
+                    for i in range(cfg.warmups + cfg.repetitions)
+                    for name in engines
+                    if self._key(w, len(targets), name, i) not in self.done
+                ]
+                if not todo:
+                    continue
                 self.bar.set_description(f"{w.id} x{len(targets)}")
                 state = w.build(cfg, self.device.torch_device)
                 n_tensors, total = _tensor_stats(state)
@@ -182,29 +252,35 @@ class Runner:
                     eng.warm(state)
                 if self.cache_dropped:
                     measure.drop_page_cache()
-                for i in range(cfg.warmups + cfg.repetitions):
-                    for name, eng in engines.items():
-                        row = self._one(eng, name, state, w, len(targets), n_tensors, total, i)
-                        self.writer.write(row)
-                        self.bar.update(1)
-                        if row["error"] or (cfg.verify and not row["verified"]):
-                            self.failures += 1
-                            self.log(f"case {row['case_id']} rep {row['rep']}: "
-                                     f"{row['error'] or 'restored state differs from the source'}")  # fmt: skip
-                            if cfg.on_error == "stop":
-                                raise UserError(f"stopped after a failed case ({row['case_id']}); "
-                                                f"results so far are in {self.run_dir}")  # fmt: skip
+                for i, name in todo:
+                    row = self._one(
+                        engines[name], name, state, w, len(targets), n_tensors, total, i
+                    )
+                    self.writer.write(row)
+                    self.bar.update(1)
+                    if row["error"] or (cfg.verify and not row["verified"]):
+                        self.failures += 1
+                        why = row["error"] or "restored state differs from the source"
+                        self.log(f"case {row['case_id']} rep {row['rep']}: {why}")
+                        if cfg.on_error == "stop":
+                            raise UserError(
+                                f"stopped after a failed case ({row['case_id']}); "
+                                f"results so far are in {self.run_dir}"
+                            )
                 del state
         finally:
             for eng in engines.values():
                 eng.close()
 
+    def _key(self, w: Workload, n_targets: int, engine: str, i: int) -> tuple[str, bool, int]:
+        """(case_id, warmup, rep) of repetition `i` (warm-ups first)."""
+        warm = i < self.cfg.warmups
+        return (f"{w.id}-x{n_targets}-{engine}", warm, i if warm else i - self.cfg.warmups)
+
     def _one(self, eng: Any, engine: str, state: Any, w: Workload, n_targets: int,
              n_tensors: int, total: int, i: int) -> dict[str, Any]:  # fmt: skip
         cfg = self.cfg
-        warm = i < cfg.warmups
-        rep = i if warm else i - cfg.warmups
-        case_id = f"{w.id}-x{n_targets}-{engine}"
+        case_id, warm, rep = self._key(w, n_targets, engine, i)
         name = f"ckptbench-{self.run_id}-{case_id}-{'w' if warm else 'r'}{rep}"
         opts = getattr(eng, "options", None)
         row: dict[str, Any] = {

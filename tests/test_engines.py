@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import OrderedDict
@@ -52,6 +53,19 @@ def random_tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torc
     esize = torch.empty(0, dtype=dtype).element_size()
     raw = torch.randint(0, 256, (math.prod(shape) * esize,), dtype=torch.uint8, generator=g)
     return raw.view(dtype).reshape(shape)
+
+
+def inside_one_chunk(t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """A copy of contiguous `t` whose memory starts at a multiple of `chunk` (a view of a larger
+    buffer), so that no chunk boundary of the address space cuts it."""
+    nbytes = t.numel() * t.element_size()
+    assert nbytes <= chunk
+    buf = torch.empty(2 * chunk, dtype=torch.uint8)
+    start = -buf.data_ptr() % chunk
+    out = buf[start : start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    assert out.data_ptr() % chunk == 0
+    return out
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -113,20 +127,30 @@ def clone_tree(obj: Any) -> Any:
 
 
 def read_manifest(dirs: list[str], name: str) -> dict[str, Any]:
+    """The manifest as plain JSON (its last key is its own checksum)."""
     with open(Path(dirs[0]) / name / "manifest.json") as f:
-        return json.load(f)
+        m = json.load(f)
+    assert list(m)[-1] == "manifest_xxh3"
+    return m
 
 
 def check_files(dirs: list[str], name: str) -> dict[str, Any]:
-    """The on-disk layout matches the manifest; returns the manifest as JSON."""
+    """The on-disk layout matches the manifest; returns the manifest as JSON.
+
+    Each target holds exactly this save's data file (`data-i.SAVEID.bin`, named in the manifest)
+    if it holds data, the first one also the manifest, and nothing else: no marker of the save,
+    no temp file, no file of an older generation.
+    """
     m = read_manifest(dirs, name)
     files = m["files"]
+    save_id = m["save_id"]
+    assert re.fullmatch(r"[0-9a-f]{16}", save_id), save_id
     for i, d in enumerate(dirs):
         expected = []
         if str(i) in files:
-            assert files[str(i)]["file"] == f"data-{i}.bin"
-            expected.append(f"data-{i}.bin")
-            size = os.path.getsize(Path(d) / name / f"data-{i}.bin")
+            assert files[str(i)]["file"] == f"data-{i}.{save_id}.bin"
+            expected.append(f"data-{i}.{save_id}.bin")
+            size = os.path.getsize(Path(d) / name / f"data-{i}.{save_id}.bin")
             assert size == files[str(i)]["bytes"], f"target {i}: file has {size} bytes"
         if i == 0:
             expected.append("manifest.json")
@@ -155,7 +179,12 @@ def check_result(result: Any, eng: Any, state: Any, name: str, dirs: list[str]) 
     assert abs(result.persist_s - (result.total_s - result.stall_s)) <= 1e-9
     m = check_files(dirs, name)
     assert m["payload_bytes"] == result.bytes
-    data_files = [i for i, d in enumerate(dirs) if (Path(d) / name / f"data-{i}.bin").exists()]
+    assert m["save_id"] == result.save_id
+    data_files = [
+        i
+        for i, d in enumerate(dirs)
+        if (Path(d) / name / f"data-{i}.{result.save_id}.bin").exists()
+    ]
     assert result.targets_used == len(data_files) == len(m["files"])
     assert result.checksums is eng.options.checksums
     assert (m["checksums"] == "xxh3_64") is eng.options.checksums
@@ -297,12 +326,14 @@ def test_targets_round_trip(make_engine, targets, engine, n):
 
 @pytest.mark.parametrize("engine", STRIPED)
 def test_small_state_uses_one_of_four_targets(make_engine, targets, engine):
-    state = {"w": random_tensor((100,), torch.float32, seed=7)}
+    # gds cuts tensors at addresses that are multiples of the chunk: keep this one inside one.
+    state = {"w": inside_one_chunk(random_tensor((100,), torch.float32, seed=7), 8192)}
     dirs = targets(4)
     result, loaded = roundtrip(make_engine, dirs, engine, state, chunk_bytes="8KiB")
     assert_same(loaded, state)
     assert result.targets_used == 1
-    assert (Path(dirs[0]) / "ckpt" / "data-0.bin").exists()
+    assert list(read_manifest(dirs, "ckpt")["files"]) == ["0"]
+    assert (Path(dirs[0]) / "ckpt" / f"data-0.{result.save_id}.bin").exists()
 
 
 @pytest.mark.parametrize("engine", STRIPED)
@@ -429,23 +460,37 @@ def check_baseline_result(result: Any, state: Any, name: str) -> None:
     assert abs(result.persist_s - (result.total_s - result.stall_s)) <= 1e-9
 
 
+def check_baseline_files(dirs: list[str], name: str, result: Any) -> list[str]:
+    """`NAME/` holds the pointer `current` naming this save and its generation directory only;
+    returns the generation's file names."""
+    d = Path(dirs[0]) / name
+    assert re.fullmatch(r"[0-9a-f]{16}", result.save_id), result.save_id
+    assert sorted(os.listdir(d)) == ["current", f"gen-{result.save_id}"]
+    assert (d / "current").read_text() == result.save_id
+    for other in dirs[1:]:
+        assert not os.path.exists(Path(other) / name)
+    return sorted(os.listdir(d / f"gen-{result.save_id}"))
+
+
 def test_torch_save_round_trip(make_engine, targets):
     state = baseline_state()
     dirs = targets(2)
     eng = make_engine("torch-save", dirs)
     result = eng.save(state, "ckpt").wait()
     check_baseline_result(result, state, "ckpt")
-    assert os.listdir(Path(dirs[0]) / "ckpt") == ["state.pt"]
-    assert not os.path.exists(Path(dirs[1]) / "ckpt")
+    assert check_baseline_files(dirs, "ckpt", result) == ["state.pt"]
     assert_same(eng.load("ckpt"), state)
 
 
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
 def test_dcp_round_trip_tensor_values(make_engine, targets):
     state = baseline_state()
-    eng = make_engine("dcp", targets(1))
+    dirs = targets(1)
+    eng = make_engine("dcp", dirs)
     result = eng.save(state, "ckpt").wait()
     check_baseline_result(result, state, "ckpt")
+    files = check_baseline_files(dirs, "ckpt", result)
+    assert ".metadata" in files and len(files) == 1 + eng.options.thread_count
     loaded = eng.load("ckpt")
     seen = 0
     for path, want in iter_tensors(state):
@@ -456,3 +501,31 @@ def test_dcp_round_trip_tensor_values(make_engine, targets):
         assert_same_tensor(got, want, f"state{list(path)}")
         seen += 1
     assert seen == len(list(iter_tensors(state))) > 20
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
+@pytest.mark.parametrize("engine", ["torch-save", "dcp"])
+def test_baseline_save_replaces_by_switching_the_pointer(make_engine, targets, engine):
+    dirs = targets(1)
+    eng = make_engine(engine, dirs)
+    first = {"w": random_tensor((1000,), torch.float32, seed=20)}
+    second = {"w": random_tensor((1000,), torch.float32, seed=21)}
+    r1 = eng.save(first, "ckpt").wait()
+    assert_same(eng.load("ckpt"), first)
+    r2 = eng.save(second, "ckpt").wait()
+    assert r1.save_id != r2.save_id
+    check_baseline_files(dirs, "ckpt", r2)  # the first generation is gone
+    assert_same(eng.load("ckpt"), second)
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
+@pytest.mark.parametrize("engine", [*STRIPED, "torch-save", "dcp"])
+def test_status_of_saved_and_unknown_names(make_engine, targets, engine):
+    eng = make_engine(engine, targets(2))
+    assert eng.status("ckpt") == "absent"
+    eng.save({"w": random_tensor((5000,), torch.float32, seed=22)}, "ckpt").wait()
+    assert eng.status("ckpt") == "complete"
+    assert eng.status("other") == "absent"

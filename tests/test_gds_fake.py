@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -260,7 +261,8 @@ def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fak
     with pytest.raises(OSError) as e:
         eng.save(sample_state(), "ckpt")
     if failure == "short":
-        assert "kvikio wrote" in str(e.value) and "data-0.bin" in str(e.value)
+        assert "kvikio wrote" in str(e.value)
+        assert re.search(r"/ckpt/data-0\.[0-9a-f]{16}\.bin", str(e.value)), str(e.value)
     else:
         assert "fake I/O error" in str(e.value)
     # Every write issued was awaited before its file closed, the failed one included.
@@ -268,8 +270,30 @@ def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fak
     if failure != "pwrite":
         assert len(fake.calls) == sum(len(f.futures) for f in fake.files) > 3
     assert not (Path(dirs[0]) / "ckpt" / "manifest.json").exists()
+    # The failed save removed its own files (data and marker): nothing is left to clean.
+    assert all(os.listdir(Path(d) / "ckpt") == [] for d in dirs)
+    assert eng.status("ckpt") == "absent"
     with pytest.raises(UserError, match="no complete checkpoint"):
         eng.load("ckpt")
+
+
+@pytest.mark.parametrize("failure", ["pwrite", "get", "short"])
+def test_failed_write_keeps_the_previous_checkpoint(make_engine, targets, fake_kvikio, failure):
+    fake = fake_kvikio()
+    dirs = targets(2)
+    eng = kvikio_engine(make_engine, dirs)
+    state = sample_state()
+    eng.save(state, "ckpt").wait()
+    before = {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs}
+    if failure == "short":
+        fake.short_by = 1
+    else:
+        fake.fail_on_call, fake.fail_in = len(fake.calls) + 3, failure
+    with pytest.raises(OSError):
+        eng.save({k: v + 1 if v.dtype != torch.bool else v for k, v in state.items()}, "ckpt")
+    assert {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs} == before
+    assert eng.status("ckpt") == "complete"
+    assert_round_trip(eng.load("ckpt"), state)
 
 
 @pytest.mark.gpu

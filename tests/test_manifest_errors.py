@@ -1,21 +1,23 @@
 """Errors a user can cause, and damage a checkpoint can suffer: each one a clear UserError.
 
 Wrong target lists, missing or damaged manifests, flipped bytes, truncated or missing data files,
-bad engine options and states that cannot be stored; and the replacement of a checkpoint by a
-new save of the same name.
+bad engine options and states that cannot be stored; the replacement of a checkpoint by a
+new save of the same name; and what interrupted saves leave behind (the real kills are in
+tests/test_crash.py; here their leftovers are laid out by hand, for every engine).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from bench import engines, layout
+from bench import engines, layout, manifest
 from bench.errors import ChecksumError, UserError
 
 STRIPED = ("cpu-single", "cpu-double", "gds")
@@ -47,7 +49,13 @@ def manifest_json(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
 
 
 def data_file(dirs: list[str], t: int, name: str = "ckpt") -> Path:
-    return Path(dirs[t]) / name / f"data-{t}.bin"
+    """Target t's data file of the committed checkpoint, as its manifest names it."""
+    return Path(dirs[t]) / name / manifest_json(dirs, name)["files"][str(t)]["file"]
+
+
+def listing(dirs: list[str], name: str = "ckpt") -> dict[str, list[str]]:
+    """What every target's `NAME/` directory holds (missing directories left out)."""
+    return {d: sorted(os.listdir(Path(d) / name)) for d in dirs if (Path(d) / name).is_dir()}
 
 
 @pytest.fixture
@@ -103,22 +111,66 @@ def test_missing_manifest(saved, engine):
         eng.load("other")
 
 
-@pytest.mark.parametrize("engine", ["cpu-double"])
-def test_damaged_manifest(saved, engine):
+def change_a_shape_digit(text: str) -> str:
+    """The manifest with one digit of a shape changed: still valid JSON, but wrong."""
+    at = text.index('"shape":[') + len('"shape":[')
+    assert text[at].isdigit()
+    changed = text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :]
+    json.loads(changed)  # the damage is invisible to a JSON parser
+    return changed
+
+
+def drop_the_checksum(text: str) -> str:
+    d = json.loads(text)
+    del d["manifest_xxh3"]
+    return json.dumps(d, separators=(",", ":"))
+
+
+DAMAGE = {
+    "truncated": lambda text: text[:-10],
+    "half": lambda text: text[: len(text) // 2],
+    "empty": lambda text: "",
+    "shape-digit": change_a_shape_digit,
+    "no-checksum": drop_the_checksum,
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+@pytest.mark.parametrize("engine", STRIPED)
+def test_damaged_manifest(saved, engine, damage):
     eng, dirs = saved
     path = Path(dirs[0]) / "ckpt" / "manifest.json"
-    path.write_text(path.read_text()[:-10])
+    text = path.read_text()
+    path.write_text(DAMAGE[damage](text))
     with pytest.raises(UserError) as e:
         eng.load("ckpt")
-    assert str(path) in str(e.value) and "damaged" in str(e.value)
+    assert str(path) in str(e.value) and "manifest is damaged" in str(e.value)
 
 
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("engine", ["cpu-double"])
+def test_manifest_checksum_covers_every_byte(saved, engine):
+    eng, dirs = saved
+    path = Path(dirs[0]) / "ckpt" / "manifest.json"
+    text = path.read_text()
+    body = text[: text.index(',"manifest_xxh3"')]
+    # Flip a character at a spread of places in the body (one at a time): never accepted.
+    for at in range(1, len(body), max(1, len(body) // 25)):
+        ch = body[at]
+        other = "1" if ch != "1" else "2"
+        path.write_text(text[:at] + other + text[at + 1 :])
+        with pytest.raises(UserError, match="manifest is damaged"):
+            eng.load("ckpt")
+    path.write_text(text)
+    assert_equal_state(eng.load("ckpt"), random_state())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
 @pytest.mark.parametrize("engine", ["torch-save", "dcp"])
 def test_baseline_missing_checkpoint(make_engine, targets, engine):
     eng = make_engine(engine, targets(1))
-    with pytest.raises(UserError, match="no complete checkpoint 'nope'"):
+    with pytest.raises(UserError, match="checkpoint 'nope' does not exist"):
         eng.load("nope")
+    assert eng.status("nope") == "absent"
 
 
 # -- damaged data -------------------------------------------------------------------------
@@ -176,14 +228,16 @@ def test_truncated_data_file(saved, engine):
     assert "truncated" in msg and str(path) in msg and f"{size - 1} of {size} bytes" in msg
 
 
-@pytest.mark.parametrize("engine", ["cpu-double"])
-def test_missing_data_file(saved, engine):
+@pytest.mark.parametrize("t", [0, 2])
+@pytest.mark.parametrize("engine", STRIPED)
+def test_missing_data_file(saved, engine, t):
     eng, dirs = saved
-    path = data_file(dirs, 2)
+    path = data_file(dirs, t)
     path.unlink()
     with pytest.raises(UserError) as e:
         eng.load("ckpt")
-    assert "missing" in str(e.value) and str(path) in str(e.value)
+    msg = str(e.value)
+    assert "checkpoint 'ckpt'" in msg and f"data file {path} is missing" in msg
 
 
 # -- options, targets, names --------------------------------------------------------------
@@ -267,10 +321,12 @@ def test_non_storable_value_is_named(make_engine, targets, engine, value, path, 
     eng = make_engine(engine, dirs)
     good = random_state()
     eng.save(good, "ckpt").wait()
+    before = listing(dirs)
     with pytest.raises(UserError) as e:
         eng.save({"w": torch.ones(3), **value}, "ckpt")
     assert f"{path}: " in str(e.value) and says in str(e.value)
-    # Refused before anything was touched: the old checkpoint is still whole.
+    # Refused before anything was touched: the old checkpoint is still whole, nothing added.
+    assert listing(dirs) == before
     assert_equal_state(eng.load("ckpt"), good)
     with pytest.raises(UserError):
         eng.save(value, "fresh")
@@ -284,24 +340,149 @@ def test_non_storable_value_is_named(make_engine, targets, engine, value, path, 
 def test_save_replaces_a_checkpoint_of_the_same_name(make_engine, targets, engine, monkeypatch):
     dirs = targets(3)
     eng = make_engine(engine, dirs, chunk_bytes="8KiB")
-    eng.save(random_state(1), "ckpt").wait()
+    reader = make_engine(engine, dirs, chunk_bytes="8KiB")  # another reader of the same targets
+    old_state = random_state(1)
+    eng.save(old_state, "ckpt").wait()
     old = manifest_json(dirs)
+    old_files = [data_file(dirs, int(t)) for t in old["files"]]
+    assert len(old_files) == 3
 
-    manifest_present_during_writes = []
+    # In the middle of the new save's writes, a reader still finds the old checkpoint, whole.
+    during: list[tuple[Any, dict[str, Any], list[str]]] = []
     write_piece = layout.write_piece
 
     def spy(fd: int, piece: layout.Piece, o_direct: bool) -> None:
-        manifest_present_during_writes.append((Path(dirs[0]) / "ckpt" / "manifest.json").exists())
         write_piece(fd, piece, o_direct)
+        try:
+            loaded: Any = reader.load("ckpt")
+        except Exception as e:  # noqa: BLE001 - recorded, asserted below
+            loaded = e
+        during.append((loaded, manifest_json(dirs), sorted(os.listdir(Path(dirs[0]) / "ckpt"))))
 
     monkeypatch.setattr(layout, "write_piece", spy)
     g = torch.Generator().manual_seed(2)
     new = {"x": torch.randn(3000, generator=g, dtype=torch.float64), "y": torch.arange(5)}
-    eng.save(new, "ckpt").wait()
+    result = eng.save(new, "ckpt").wait()
 
-    assert manifest_present_during_writes and not any(manifest_present_during_writes)
+    assert len(during) >= 3  # the new save wrote a piece to every target
+    for loaded, m, files in during:
+        assert not isinstance(loaded, Exception), loaded
+        assert_equal_state(loaded, old_state)
+        assert m == old
+        # The new generation is written beside the old one, its marker with it.
+        assert f"data-0.{result.save_id}.bin" in files
+        assert f".saving-{result.save_id}" in files
+        assert "manifest.json" in files and old["files"]["0"]["file"] in files
+
     assert_equal_state(eng.load("ckpt"), new)
+    assert_equal_state(reader.load("ckpt"), new)
     m = manifest_json(dirs)
-    assert m != old and [e["path"] for e in m["tensors"]] == ["['x']", "['y']"]
+    assert m["save_id"] == result.save_id != old["save_id"]
+    assert [e["path"] for e in m["tensors"]] == ["['x']", "['y']"]
+    # The old generation is gone; each target holds the new data file (and the manifest) only.
+    assert not any(p.exists() for p in old_files)
+    want = {
+        d: sorted(
+            ([m["files"][str(t)]["file"]] if str(t) in m["files"] else [])
+            + (["manifest.json"] if t == 0 else [])
+        )
+        for t, d in enumerate(dirs)
+    }
+    assert listing(dirs) == want
     for t, info in m["files"].items():
         assert data_file(dirs, int(t)).stat().st_size == info["bytes"]
+    assert eng.status("ckpt") == "complete"
+
+
+# -- what interrupted saves leave ---------------------------------------------------------
+
+# A marker of a save whose process is gone (no pid is this large).
+DEAD = json.dumps({"pid": 2**30, "host": socket.gethostname()})
+KILLED = "0123456789abcdef"  # the SAVEID of a save killed midway
+
+
+def leave_interrupted_save(engine: str, dirs: list[str], name: str, save_id: str) -> list[str]:
+    """Lay out what a save of `name` killed before its commit leaves; returns the paths."""
+    paths = []
+    used = dirs if engine in STRIPED else dirs[:1]
+    for t, d in enumerate(used):
+        ckpt = Path(d) / name
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / f".saving-{save_id}").write_text(DEAD)
+        if engine in STRIPED:
+            (ckpt / f"data-{t}.{save_id}.bin").write_bytes(b"half a stripe")
+            paths += [str(ckpt / f".saving-{save_id}"), str(ckpt / f"data-{t}.{save_id}.bin")]
+        else:
+            (ckpt / f"gen-{save_id}").mkdir()
+            (ckpt / f"gen-{save_id}" / "partial").write_bytes(b"half a file")
+            paths += [str(ckpt / f".saving-{save_id}"), str(ckpt / f"gen-{save_id}")]
+    return sorted(paths)
+
+
+def names_in(dirs: list[str], name: str) -> dict[str, list[str]]:
+    return {d: sorted(os.listdir(Path(d) / name)) for d in dirs if (Path(d) / name).exists()}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
+@pytest.mark.parametrize("engine", ALL)
+def test_interrupted_save_keeps_the_old_checkpoint_and_is_cleaned(make_engine, targets, engine):
+    dirs = targets(2)
+    eng = make_engine(engine, dirs, **({"chunk_bytes": "8KiB"} if engine in STRIPED else {}))
+    old = random_state(1)
+    eng.save(old, "ckpt").wait()
+    committed = names_in(dirs, "ckpt")
+    left = leave_interrupted_save(engine, dirs, "ckpt", KILLED)
+    assert eng.status("ckpt") == "complete"
+    assert sorted(manifest.leftovers(dirs, "ckpt")) == left
+    assert_equal_state(eng.load("ckpt"), old)
+    # The next save of the name removes them; afterwards only its own generation is there.
+    new = random_state(2)
+    eng.save(new, "ckpt").wait()
+    assert manifest.leftovers(dirs, "ckpt") == []
+    assert not any(os.path.exists(p) for p in left)
+    assert_equal_state(eng.load("ckpt"), new)
+    assert {d: len(files) for d, files in names_in(dirs, "ckpt").items()} == {
+        d: len(files) for d, files in committed.items()
+    }
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
+@pytest.mark.parametrize("engine", ALL)
+def test_interrupted_first_save_is_incomplete(make_engine, targets, engine):
+    dirs = targets(2)
+    eng = make_engine(engine, dirs)
+    left = leave_interrupted_save(engine, dirs, "fresh", KILLED)
+    assert eng.status("fresh") == "incomplete"
+    with pytest.raises(UserError, match="checkpoint 'fresh' is incomplete: a save was interrupted"):
+        eng.load("fresh")
+    state = random_state(3)
+    eng.save(state, "fresh").wait()
+    assert eng.status("fresh") == "complete"
+    assert manifest.leftovers(dirs, "fresh") == []
+    assert not any(os.path.exists(p) for p in left)
+    assert_equal_state(eng.load("fresh"), state)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
+@pytest.mark.parametrize("engine", ALL)
+def test_marker_of_a_committed_save_goes_with_its_generation(make_engine, targets, engine):
+    """A kill after the commit but before the save removed its marker leaves a marker of the
+    committed generation: not a leftover while that generation is committed, and removed with
+    it by the next save (not one save later)."""
+    dirs = targets(2)
+    eng = make_engine(engine, dirs)
+    first = eng.save(random_state(1), "ckpt").wait()
+    committed = names_in(dirs, "ckpt")
+    used = dirs if engine in STRIPED else dirs[:1]
+    for d in used:
+        (Path(d) / "ckpt" / f".saving-{first.save_id}").write_text(DEAD)
+    assert manifest.leftovers(dirs, "ckpt") == []
+    assert eng.status("ckpt") == "complete"
+    second = eng.save(random_state(2), "ckpt").wait()
+    assert manifest.leftovers(dirs, "ckpt") == []
+    after = names_in(dirs, "ckpt")
+    assert not any(first.save_id in f for files in after.values() for f in files), after
+    assert {d: len(files) for d, files in after.items()} == {
+        d: len(files) for d, files in committed.items()
+    }
+    assert all(second.save_id in "".join(files) for d, files in after.items() if files)

@@ -363,5 +363,5 @@ def test_preflight_no_space(
     with pytest.raises(UserError) as e:
         r.run()
     t = small["targets"][0]
-    assert str(e.value) == f"target {t}: 10MiB free, a checkpoint here needs 72.4MiB"
+    assert str(e.value) == f"target {t}: 10MiB free, but a 8MiB checkpoint needs 72.4MiB here"
     assert not (scratch / "results").exists()

@@ -31,6 +31,7 @@ class SaveResult:
 
     name: str
     bytes: int
+    save_id: str = ""  # names this save's files (see bench.manifest)
     stall_s: float = 0.0
     persist_s: float = 0.0
     total_s: float = 0.0
@@ -75,8 +76,11 @@ class PendingSave:
         self._thread.start()
 
     def finish_now(self) -> None:
-        """For engines whose save is synchronous: durable when save() returns."""
-        self._finish()
+        """For engines whose save is synchronous: durable when save() returns, so the total is
+        the stall (set `result.stall_s` first) and nothing persists in the background."""
+        r = self.result
+        r.total_s, r.persist_s = r.stall_s, 0.0
+        self._done.set()
 
     def _finish(self) -> None:
         r = self.result

@@ -1,4 +1,11 @@
-"""Shared housekeeping of the baselines: one checkpoint directory in the first target."""
+"""Shared housekeeping of the baselines: where their library writes, and an atomic switch.
+
+A baseline writes into the first target only, into a fresh generation directory
+`NAME/gen-SAVEID/`, and commits by replacing the pointer file `NAME/current` atomically (temp
+file, fsync, rename, fsync of the directory). Readers see the old checkpoint or the new one;
+a save killed midway leaves only a generation directory that `leftovers()` recognises and the
+next save of that name removes (see bench.manifest for the marker and leftover rules).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,13 @@ from typing import Any
 
 from bench import manifest
 from bench.engines.base import build_options, check_name, check_targets
+from bench.errors import UserError
+
+POINTER = "current"
 
 
 class BaselineEngine:
-    """A baseline writes where its library writes: a directory `NAME` in the first target."""
+    """Base of the baselines: subclasses write a generation directory in `save()`."""
 
     name: str
     Options: type
@@ -29,15 +39,76 @@ class BaselineEngine:
     def ckpt_dir(self, name: str) -> str:
         return manifest.checkpoint_dir(self.targets[0], check_name(name))
 
+    def _committed_id(self, name: str) -> str | None:
+        try:
+            with open(os.path.join(self.ckpt_dir(name), POINTER)) as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
+
+    def _begin(self, name: str, save_id: str) -> str:
+        """Clean leftovers of `name`, mark this save running; returns its generation directory."""
+        keep = self._committed_id(name) or ""
+        manifest.remove_files(manifest.leftovers(self.targets[:1], name, keep))
+        manifest.begin(self.targets[:1], name, save_id)
+        gen = os.path.join(self.ckpt_dir(name), f"gen-{save_id}")
+        os.makedirs(gen)
+        return gen
+
+    def _commit(self, name: str, save_id: str) -> None:
+        """Point `current` at the new generation atomically, then drop the old one."""
+        d = self.ckpt_dir(name)
+        manifest.fsync_dir(os.path.join(d, f"gen-{save_id}"))
+        previous = self._committed_id(name)
+        tmp = os.path.join(d, f"{POINTER}.tmp-{save_id}")
+        with open(tmp, "w") as f:
+            f.write(save_id)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(d, POINTER))
+        manifest.fsync_dir(d)
+        manifest.fsync_dir(self.targets[0])
+        # The old generation, and its marker if a kill cut short the cleanup of its own commit.
+        old = []
+        if previous and previous != save_id:
+            old = manifest.generation_files(self.targets[:1], name, previous)
+        manifest.remove_files(old + [os.path.join(d, f".saving-{save_id}")])
+
+    def _abort(self, name: str, save_id: str) -> None:
+        manifest.remove_files(manifest.generation_files(self.targets[:1], name, save_id))
+
+    def current_dir(self, name: str) -> str:
+        """The committed generation of `name`; a UserError if there is none."""
+        sid = self._committed_id(name)
+        if sid is None:
+            pointer = os.path.join(self.ckpt_dir(name), POINTER)
+            state = (
+                "is incomplete: a save was interrupted before its commit"
+                if self.status(name) == "incomplete"
+                else "does not exist"
+            )
+            raise UserError(f"checkpoint {name!r} {state} ({pointer} is missing)")
+        return os.path.join(self.ckpt_dir(name), f"gen-{sid}")
+
+    def status(self, name: str) -> str:
+        """`complete`, `incomplete` (an interrupted save left files) or `absent`."""
+        if self._committed_id(name):
+            return "complete"
+        d = self.ckpt_dir(name)
+        return "incomplete" if os.path.isdir(d) and os.listdir(d) else "absent"
+
     def warm(self, state: Any) -> None:
         """Nothing to pre-allocate: the library allocates as it goes."""
 
     def cached_files(self, name: str) -> list[str]:
-        d = self.ckpt_dir(name)
-        if not os.path.isdir(d):
+        sid = self._committed_id(name)
+        if sid is None:
             return []
+        gen = os.path.join(self.ckpt_dir(name), f"gen-{sid}")
         return [
-            os.path.join(d, f) for f in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, f))
+            os.path.join(gen, f)
+            for f in sorted(os.listdir(gen))
+            if os.path.isfile(os.path.join(gen, f))
         ]
 
     def delete(self, name: str) -> None:

@@ -1,7 +1,8 @@
 """`dcp` baseline: PyTorch Distributed Checkpoint's own CPU-staged asynchronous save.
 
-`torch.distributed.checkpoint.async_save` with `FileSystemWriter(sync_files=True)` into
-`NAME/` in the first target (DCP writes `thread_count` data files and a `.metadata`). The stall
+`torch.distributed.checkpoint.async_save` with `FileSystemWriter(sync_files=True)` into a new
+generation directory of `NAME/` in the first target (DCP writes `thread_count` data files and a
+`.metadata`), committed atomically once DCP's future completes (see bench.engines.baseline). The stall
 ends when async_save returns (DCP has staged the state in host memory); durable when its future
 completes. Runs in a single process here (no process group).
 
@@ -11,7 +12,6 @@ back as strings); the benchmark compares tensors, not key types, for this baseli
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -20,10 +20,9 @@ from typing import Any
 from bench import manifest
 from bench.engines.base import PendingSave, SaveResult, register
 from bench.engines.baseline import BaselineEngine
-from bench.errors import UserError
 
 # Single-process use is intended here; DCP warns about it on every call, from its own threads.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,26 +63,32 @@ class Dcp(BaselineEngine):
         if self._pending is not None and not self._pending.done():
             self._pending._done.wait()
             wait_prev = (time.perf_counter_ns() - t0) / 1e9
-        d = self.ckpt_dir(name)
-        os.makedirs(d, exist_ok=True)
+        save_id = manifest.new_save_id()
+        d = self._begin(name, save_id)
         writer = dcp.FileSystemWriter(d, sync_files=True, thread_count=self.options.thread_count)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # single-process use warns about the missing group
+        try:
             future = dcp.async_save(state, storage_writer=writer)
+        except BaseException:
+            self._abort(name, save_id)
+            raise
         _, tensors = manifest.flatten(state)
         result = SaveResult(
             name=name,
             bytes=sum(t.numel() * t.element_size() for _, t in tensors),
             wait_prev_s=wait_prev,
             targets_used=1,
+            save_id=save_id,
         )
         result.stall_s = (time.perf_counter_ns() - t0) / 1e9
         pending = PendingSave(result, t0)
 
         def persist() -> None:
-            future.result()
-            manifest.fsync_dir(d)
-            manifest.fsync_dir(self.targets[0])
+            try:
+                future.result()
+                self._commit(name, save_id)
+            except BaseException:
+                self._abort(name, save_id)
+                raise
 
         pending.run_in_background(persist)
         self._pending = pending
@@ -94,12 +99,8 @@ class Dcp(BaselineEngine):
             _load_state_dict_from_keys,
         )
 
-        d = self.ckpt_dir(name)
-        if not os.path.exists(os.path.join(d, ".metadata")):
-            raise UserError(f"no complete checkpoint {name!r}: {d}/.metadata does not exist")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = _load_state_dict_from_keys(checkpoint_id=d)
+        d = self.current_dir(name)
+        state = _load_state_dict_from_keys(checkpoint_id=d)
         if device != "cpu":
             state = _to(state, device)
         return state

@@ -149,7 +149,9 @@ class Gds(StripedEngine):
         futures: list[Any] = []
         try:
             for t in file_bytes:
-                files[t] = kvikio.CuFile(layout.data_file(self.targets, name, t), "w")
+                files[t] = kvikio.CuFile(
+                    layout.data_file(self.targets, name, t, result.save_id), "w"
+                )
             for p in pieces:
                 futures.append(
                     files[p.target].pwrite(
@@ -168,14 +170,14 @@ class Gds(StripedEngine):
         # A short write is not an error to cuFile; it is one to a checkpoint.
         for p, n in zip(pieces, written, strict=True):
             if n != p.length:
-                path = layout.data_file(self.targets, name, p.target)
+                path = layout.data_file(self.targets, name, p.target, result.save_id)
                 raise OSError(
                     errno.EIO, f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}", path
                 )
         # cuFile has no fsync of its own: fsync through a plain descriptor of the same file,
         # which flushes the file's data whatever descriptor wrote it.
         for t, n in file_bytes.items():
-            fd = os.open(layout.data_file(self.targets, name, t), os.O_WRONLY)
+            fd = os.open(layout.data_file(self.targets, name, t, result.save_id), os.O_WRONLY)
             try:
                 if os.fstat(fd).st_size != n:
                     os.ftruncate(fd, n)

@@ -107,10 +107,15 @@ class StripedEngine:
             checksums=self.options.checksums,
             gds_mode=self.gds_mode(),
         )
+        result.save_id = manifest.new_save_id()
         pending = PendingSave(result, t0)
-        self._prepare_dirs(name)
-        with torch.no_grad():
-            self._save(pending, tree, tensors, entries)
+        self._begin(name, result.save_id)
+        try:
+            with torch.no_grad():
+                self._save(pending, tree, tensors, entries)
+        except BaseException:
+            self._abort(name, result.save_id)
+            raise
         self._pending = pending
         return pending
 
@@ -120,11 +125,27 @@ class StripedEngine:
     def gds_mode(self) -> str:
         return "none"
 
-    def _prepare_dirs(self, name: str) -> None:
-        # An older checkpoint of the same name stops being complete before its files change.
-        manifest.uncommit(self.targets, name)
-        for t in self.targets:
-            os.makedirs(manifest.checkpoint_dir(t, name), exist_ok=True)
+    def _begin(self, name: str, save_id: str) -> None:
+        """Remove what interrupted saves of `name` left behind, then mark this save running."""
+        manifest.remove_files(manifest.leftovers(self.targets, name))
+        manifest.begin(self.targets, name, save_id)
+
+    def _abort(self, name: str, save_id: str) -> None:
+        """A failed save removes its own files; the committed generation stays as it was."""
+        manifest.remove_files(manifest.generation_files(self.targets, name, save_id))
+
+    def _in_background(self, pending: PendingSave, persist: Any) -> None:
+        """Run the persist phase in the background; on failure remove this save's files."""
+        name, save_id = pending.result.name, pending.result.save_id
+
+        def run() -> None:
+            try:
+                persist()
+            except BaseException:
+                self._abort(name, save_id)
+                raise
+
+        pending.run_in_background(run)
 
     def _persist(
         self,
@@ -141,7 +162,8 @@ class StripedEngine:
         fds: dict[int, int] = {}
         try:
             for t in file_bytes:
-                fds[t] = os.open(layout.data_file(self.targets, name, t), flags, 0o644)
+                path = layout.data_file(self.targets, name, t, result.save_id)
+                fds[t] = os.open(path, flags, 0o644)
             futures: list[Future] = [
                 self._pool.submit(layout.write_piece, fds[p.target], p, self.o_direct)
                 for p in pieces
@@ -170,8 +192,8 @@ class StripedEngine:
         entries: list[manifest.TensorEntry],
         file_bytes: dict[int, int],
     ) -> None:
-        """Make the new directory entries durable, then commit the manifest (the last write)."""
-        name = result.name
+        """Make the new files durable, switch the manifest to them, then drop the old generation."""
+        name, save_id = result.name, result.save_id
         for t in self.targets:
             manifest.fsync_dir(manifest.checkpoint_dir(t, name))
             manifest.fsync_dir(t)
@@ -180,16 +202,25 @@ class StripedEngine:
             engine=self.name,
             targets=self.targets,
             files={
-                t: {"file": os.path.basename(layout.data_file(self.targets, name, t)), "bytes": n}
+                t: {"file": manifest.data_file_name(t, save_id), "bytes": n}
                 for t, n in file_bytes.items()
             },
             tensors=entries,
             tree=tree,
             checksums=self.options.checksums,
             payload_bytes=result.bytes,
+            save_id=save_id,
             extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
         )
+        previous = manifest.committed(self.targets, name)
         manifest.commit(self.targets, m)
+        done = manifest.generation_files(self.targets, name, save_id)
+        old = []
+        if previous is not None and previous.save_id != save_id:
+            # Its data files, and its marker if a kill cut short the cleanup of its own commit.
+            old = layout.files_of(previous.targets, previous)
+            old += manifest.generation_files(self.targets, name, previous.save_id)
+        manifest.remove_files(old + [p for p in done if os.path.basename(p).startswith(".saving-")])
         result.targets_used = len(file_bytes)
 
     # -- load and housekeeping --------------------------------------------------------------
@@ -207,11 +238,12 @@ class StripedEngine:
         """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
 
     def cached_files(self, name: str) -> list[str]:
-        return [
-            layout.data_file(self.targets, name, t)
-            for t in range(len(self.targets))
-            if os.path.exists(layout.data_file(self.targets, name, t))
-        ]
+        m = manifest.committed(self.targets, name)
+        return layout.files_of(self.targets, m) if m is not None else []
+
+    def status(self, name: str) -> str:
+        """`complete`, `incomplete` (an interrupted save left files) or `absent`."""
+        return manifest.status(self.targets, check_name(name))
 
     def delete(self, name: str) -> None:
         check_name(name)
@@ -263,6 +295,6 @@ class SnapshotEngine(StripedEngine):
         )
         views = [arr[off : off + e.nbytes] for e, off in zip(entries, offsets, strict=True)]
         name = result.name
-        pending.run_in_background(
-            lambda: self._persist(result, name, tree, entries, pieces, file_bytes, views)
+        self._in_background(
+            pending, lambda: self._persist(result, name, tree, entries, pieces, file_bytes, views)
         )

@@ -1,7 +1,8 @@
 """`torch-save` baseline: what most users do today.
 
-`torch.save(state_dict)` into a temporary file in the first target, fsync, rename to
-`NAME/state.pt`, fsync the directory. Synchronous: the stall is the whole durable write.
+`torch.save(state_dict)` into one file `state.pt` in the first target (in a new generation
+directory that is committed atomically, see bench.engines.baseline), fsync. Synchronous: the
+stall is the whole durable write.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 from bench import manifest
 from bench.engines.base import PendingSave, SaveResult, register
 from bench.engines.baseline import BaselineEngine
-from bench.errors import UserError
 
 FILE = "state.pt"
 
@@ -33,28 +33,26 @@ class TorchSave(BaselineEngine):
 
     def save(self, state: Any, name: str) -> PendingSave:
         t0 = time.perf_counter_ns()
-        d = self.ckpt_dir(name)
-        os.makedirs(d, exist_ok=True)
-        final = os.path.join(d, FILE)
-        tmp = final + ".tmp"
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        manifest.fsync_dir(d)
-        manifest.fsync_dir(self.targets[0])
         result = SaveResult(name=name, bytes=_tensor_bytes(state), targets_used=1)
+        result.save_id = manifest.new_save_id()
+        gen = self._begin(name, result.save_id)
+        try:
+            with open(os.path.join(gen, FILE), "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            self._commit(name, result.save_id)
+        except BaseException:
+            self._abort(name, result.save_id)
+            raise
         result.stall_s = (time.perf_counter_ns() - t0) / 1e9
         pending = PendingSave(result, t0)
         pending.finish_now()
         return pending
 
     def load(self, name: str, device: str = "cpu") -> Any:
-        path = os.path.join(self.ckpt_dir(name), FILE)
-        if not os.path.exists(path):
-            raise UserError(f"no complete checkpoint {name!r}: {path} does not exist")
-        return torch.load(path, map_location=device, weights_only=True)
+        return torch.load(os.path.join(self.current_dir(name), FILE), map_location=device,
+                          weights_only=True)  # fmt: skip
 
 
 def _tensor_bytes(state: Any) -> int:

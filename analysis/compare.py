@@ -1,0 +1,247 @@
+"""`ckptbench compare RUN_A RUN_B [...]`: runs side by side for the cases they share.
+
+Each later run is compared with the first (A): medians, the ratio run / A of a metric with a 95%
+percentile-bootstrap confidence interval (scipy) and a Mann-Whitney U p-value, and "not
+significant" when the interval holds 1, i.e. when the difference is inside the noise.
+
+Runs whose essential environment differs are refused (unless forced, and then the report says so
+loudly): a different device kind, host-emulated against real, or an engine that ran in another
+mode (gds against compat or emulated). Other differences (host, kernel, packages, storage, engine
+options) are listed as warnings; different storage is what a device comparison is for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import figures, runs, stats
+from analysis.runs import Run
+from bench.errors import UserError
+
+# metric -> (column, label, higher is better)
+METRICS: dict[str, tuple[str, str, bool]] = {
+    "write": ("write_GBps", "write GB/s (bytes / total_s)", True),
+    "stall": ("stall_s", "stall s", False),
+    "durable": ("total_s", "time to durability s", False),
+    "restore": ("restore_GBps", "restore GB/s", True),
+}
+CASE_KEY = ["engine", "workload", "total_bytes", "tensor_bytes", "n_targets", "dtype"]
+
+
+def _letter(i: int) -> str:
+    return chr(65 + i)
+
+
+def _device(run: Run) -> tuple[str, bool]:
+    dev = run.env.get("device", {})
+    kinds = sorted(set(run.rows["device"].astype(str)))
+    return str(dev.get("kind") or "/".join(kinds)), bool(run.emulated)
+
+
+def essential_differences(a: Run, b: Run, la: str = "A", lb: str = "B") -> list[str]:
+    """Differences that make the comparison meaningless (refused unless forced)."""
+    out = []
+    (ka, ea), (kb, eb) = _device(a), _device(b)
+    if ka != kb:
+        out.append(f"device kind differs: {la} {ka}, {lb} {kb}")
+    if ea != eb:
+        out.append(
+            f"{la} is {'emulated' if ea else 'real'}, {lb} is {'emulated' if eb else 'real'}"
+        )
+    ma, mb = a.gds_modes(), b.gds_modes()
+    for e in runs.order_engines(set(ma) & set(mb)):
+        if ma[e] != mb[e]:
+            out.append(f"engine {e} ran in another mode: {la} {ma[e]}, {lb} {mb[e]}")
+    return out
+
+
+def _options(run: Run) -> dict[str, set[str]]:
+    """Engine -> the distinct option sets it ran with (JSON, keys sorted)."""
+    out: dict[str, set[str]] = {}
+    if "options" not in run.rows:
+        return out
+    for e, s in run.rows.groupby("engine")["options"]:
+        vals = set()
+        for v in s.dropna().astype(str):
+            try:
+                vals.add(json.dumps(json.loads(v), sort_keys=True))
+            except ValueError:
+                vals.add(v)
+        out[str(e)] = vals
+    return out
+
+
+def _storage(run: Run) -> str:
+    st = run.env.get("storage", {})
+    disks = [f"{t.get('fstype', '?')} on {t.get('block', {}).get('disk') or t.get('source', '?')}"
+             for t in st.get("targets", [])]  # fmt: skip
+    return ", ".join(dict.fromkeys(disks)) or "?"
+
+
+def other_differences(a: Run, b: Run, la: str = "A", lb: str = "B") -> list[str]:
+    """Differences worth a warning; they do not stop the comparison."""
+    out = []
+
+    def diff(name: str, va: Any, vb: Any) -> None:
+        if va != vb:
+            out.append(f"{name} differs: {la} {va}, {lb} {vb}")
+
+    ea, eb = a.env, b.env
+    diff("host", ea.get("host"), eb.get("host"))
+    diff("CPU", ea.get("cpu", {}).get("model"), eb.get("cpu", {}).get("model"))
+    diff("kernel", ea.get("kernel"), eb.get("kernel"))
+    diff("memory", ea.get("memory_bytes"), eb.get("memory_bytes"))
+    diff("GPU", ea.get("gpu", {}).get("name"), eb.get("gpu", {}).get("name"))
+    pa, pb = ea.get("packages", {}), eb.get("packages", {})
+    for k in sorted(set(pa) | set(pb)):
+        if k != "ckptbench":
+            diff(f"package {k}", pa.get(k), pb.get(k))
+    oa, ob = _options(a), _options(b)
+    for e in runs.order_engines(set(oa) & set(ob)):
+        if oa[e] != ob[e]:
+            out.append(f"engine {e} options differ: {la} {sorted(oa[e])}, {lb} {sorted(ob[e])}")
+    sa, sb = _storage(a), _storage(b)
+    if sa != sb:
+        out.append(f"storage differs (what a device comparison is for): {la} {sa}, {lb} {sb}")
+    if a.shared_device or b.shared_device:
+        out.append("a run's targets share one device: its SSD-count scaling is not real scaling")
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The runs (A first), one row per shared case and later run, and what differs."""
+
+    runs: list[Run]
+    metric: str
+    table: pd.DataFrame
+    refusals: list[str]
+    warnings: list[str]
+    forced: bool
+
+
+def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> Comparison:
+    """Compare each run with the first on the cases both have."""
+    if len(run_dirs) < 2:
+        raise UserError("compare: give at least two run directories")
+    if metric not in METRICS:
+        raise UserError(f"--metric: unknown metric {metric!r} (known: {', '.join(METRICS)})")
+    rs = [runs.load(d) for d in run_dirs]
+    a = rs[0]
+    refusals, warns = [], []
+    for i, b in enumerate(rs[1:], 1):
+        refusals += essential_differences(a, b, "A", _letter(i))
+        warns += other_differences(a, b, "A", _letter(i))
+    if refusals and not force:
+        raise UserError("runs not comparable: " + "; ".join(refusals)
+                        + " (use --force to compare anyway)")  # fmt: skip
+    col, _, higher = METRICS[metric]
+    rows = []
+    ga = {k: g for k, g in a.ok.groupby(CASE_KEY, sort=False)}
+    for i, b in enumerate(rs[1:], 1):
+        for key, gb in b.ok.groupby(CASE_KEY, sort=False):
+            if key not in ga:
+                continue
+            g = ga[key]
+            r = stats.ratio_ci(g[col].to_numpy(), gb[col].to_numpy())
+            lb = _letter(i)
+            if not np.isfinite(r.low):
+                verdict = "n < 2: no interval"
+            elif not r.significant:
+                verdict = "not significant"
+            elif (r.ratio > 1) == higher:
+                verdict = f"{lb} better"
+            else:
+                verdict = f"{lb} worse"
+            rec = dict(zip(CASE_KEY, key, strict=True))
+            rec.update(run=lb, mode_a=_mode(g), mode_b=_mode(gb), n_a=r.n_a, n_b=r.n_b,
+                       median_a=float(np.median(g[col])), median_b=float(np.median(gb[col])),
+                       ratio=r.ratio, ci_low=r.low, ci_high=r.high, p_value=r.p_value,
+                       significant=r.significant, verdict=verdict)  # fmt: skip
+            rows.append(rec)
+    if not rows:
+        raise UserError("compare: the runs share no case (engine, workload, SSD count)")
+    table = stats.ordered(pd.DataFrame(rows)).reset_index(drop=True)
+    return Comparison(rs, metric, table, refusals, warns, force)
+
+
+def _mode(g: pd.DataFrame) -> str:
+    return "/".join(sorted(set(g["tag"]) - {""})).upper() or "-"
+
+
+def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    _, unit, _ = METRICS[c.metric]
+    headers = ["run", "engine", "workload", "SSDs", "mode A", "mode", "n A", "n",
+               f"A: {unit}", "run: same", "run / A", "95% CI", "p (Mann-Whitney)", "verdict"]  # fmt: skip
+    rows = []
+    for r in c.table.itertuples():
+        ci = "-" if not np.isfinite(r.ci_low) else f"{r.ci_low:.3f}-{r.ci_high:.3f}"
+        rows.append([r.run, r.engine, r.workload, str(r.n_targets), r.mode_a, r.mode_b,
+                     str(r.n_a), str(r.n_b), stats.fmt(r.median_a), stats.fmt(r.median_b),
+                     f"{r.ratio:.3f}", ci, stats.fmt(r.p_value, 2), r.verdict])  # fmt: skip
+    return headers, rows
+
+
+def text(c: Comparison) -> str:
+    """What the terminal shows."""
+    from analysis.model import text_table  # noqa: PLC0415 - one table formatter
+
+    lines = [f"{_letter(i)} = {r.run_id} ({r.path})" for i, r in enumerate(c.runs)]
+    if c.forced and c.refusals:
+        lines += [f"WARNING: NOT COMPARABLE, compared because of --force: {x}" for x in c.refusals]
+    lines += [f"warning: {w}" for w in c.warnings]
+    if any(r.emulated for r in c.runs):
+        lines.append("note: host-emulated rows (no GPU): not GPU numbers")
+    lines += ["", text_table(*table_rows(c))]
+    n_sig = int(c.table["significant"].sum())
+    lines.append(
+        f"\n{n_sig} of {len(c.table)} differences are outside the noise (95% CI excludes 1)"
+    )
+    return "\n".join(lines)
+
+
+def write(c: Comparison, outdir: str) -> list[str]:
+    """compare.md, compare.csv and compare_bandwidth.png/pdf into outdir."""
+    from analysis.report import Doc  # noqa: PLC0415 - report builds on compare's level
+
+    os.makedirs(outdir, exist_ok=True)
+    col, unit, _ = METRICS[c.metric]
+    fig = figures.compare_bandwidth(c.runs, c.table, c.metric, f"{unit}: run / A")
+    paths = figures.save(fig, outdir, "compare_bandwidth")
+    csv_path = os.path.join(outdir, "compare.csv")
+    c.table.to_csv(csv_path, index=False)
+    d = Doc()
+    d.h(1, "ckptbench compare: " + " vs ".join(r.run_id for r in c.runs))
+    if c.forced and c.refusals:
+        for x in c.refusals:
+            d.warn(f"NOT COMPARABLE (compared because of --force): {x}")
+    if any(r.emulated for r in c.runs):
+        d.warn("Host-emulated rows (no GPU): host memory stands in for GPU memory; gds rows are "
+               "an O_DIRECT emulation. Not GPU numbers.")  # fmt: skip
+    d.ul([f"{_letter(i)}: `{r.run_id}`, storage {_storage(r)}" for i, r in enumerate(c.runs)])
+    d.p(f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
+        "percentile-bootstrap interval (scipy.stats.bootstrap, 4000 resamples) and a two-sided "
+        "Mann-Whitney U p-value; 'not significant' when the interval holds 1. With 3 "
+        "repetitions a side the interval is wide and p cannot fall below 0.1: run more "
+        "repetitions to resolve small differences.")  # fmt: skip
+    d.table(*table_rows(c))
+    if c.warnings:
+        d.h(2, "Differences between the runs")
+        d.ul(c.warnings)
+    d.img("compare_bandwidth.png", "Write bandwidth curves of each run (a) and the ratio per "
+          "shared case with its 95% interval (b).")  # fmt: skip
+    md = os.path.join(outdir, "compare.md")
+    with open(md, "w") as f:
+        f.write(d.markdown())
+    return [*paths, csv_path, md]
+
+
+def default_outdir(c: Comparison) -> str:
+    """<last run>/report/compare-vs-<A's run id>."""
+    return os.path.join(c.runs[-1].path, "report", f"compare-vs-{c.runs[0].run_id}")

@@ -1,0 +1,422 @@
+"""The report's figures, as matplotlib Figure objects (Agg backend), and saving them as PNG + PDF.
+
+Publication style: one column (3.5 in) or two (7.1 in) wide, 8 pt text, labelled axes with
+units (GB/s = 1e9 B/s), error bars = interquartile range over repetitions, one colour and marker
+per engine throughout. Emulated and compat rows carry "[emulated]" / "[compat]" in every legend,
+and a footer says when a whole run is host-emulated or its targets share one device.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from analysis import model  # noqa: E402
+from analysis.runs import Run, label, order_engines  # noqa: E402
+from analysis.stats import case_stats, median_row  # noqa: E402
+from bench.sizes import format_size  # noqa: E402
+
+COL1, COL2 = 3.5, 7.1  # inches: one and two columns
+COLORS = {"gds": "#d62728", "cpu-single": "#1f77b4", "cpu-double": "#2ca02c",
+          "torch-save": "#7f7f7f", "dcp": "#9467bd"}  # fmt: skip
+MARKERS = {"gds": "o", "cpu-single": "s", "cpu-double": "^", "torch-save": "D", "dcp": "v"}
+PROFILE_STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1))]
+STYLE = {
+    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
+    "ytick.labelsize": 7, "legend.fontsize": 6.5, "legend.frameon": False, "lines.linewidth": 1.3,
+    "lines.markersize": 4, "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5,
+    "savefig.dpi": 200, "savefig.bbox": "tight", "pdf.fonttype": 42, "axes.spines.top": False,
+    "axes.spines.right": False,
+}  # fmt: skip
+
+FIGURES = ("bandwidth_vs_tensor_size", "stall_vs_ssds", "host_memory", "feasibility", "timeline")
+
+
+def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
+    """Build the figure inside the house style (fonts and sizes apply when artists are made)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Figure:
+        with plt.rc_context(STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def color(engine: str) -> str:
+    return COLORS.get(engine, "black")
+
+
+def marker(engine: str) -> str:
+    return MARKERS.get(engine, "x")
+
+
+def _new(
+    width: float, height: float, ncols: int = 1, nrows: int = 1, **kw: Any
+) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def footer(fig: Figure, run: Run, extra: str = "") -> None:
+    """The run id, and loud words when the numbers are not real GPU / GDS / multi-SSD numbers."""
+    parts = [f"run {run.run_id}"]
+    if run.emulated:
+        parts.append("HOST-EMULATED (no GPU): host memory stands in for GPU memory; "
+                     "gds = O_DIRECT emulation, not GPUDirect Storage")  # fmt: skip
+    if "compat" in set(run.ok["tag"]):
+        parts.append("gds [compat]: kvikio compat mode, NOT GPUDirect Storage")
+    if extra:
+        parts.append(extra)
+    text = "\n".join(textwrap.fill(p, 120 if fig.get_figwidth() > 5 else 70) for p in parts)
+    fig.get_layout_engine().set(h_pad=0.04)
+    fig.supxlabel(text, fontsize=5.5, color="#aa0000" if run.emulated else "0.3", x=0.0,
+                  ha="left")  # fmt: skip
+
+
+def _empty(ax: Any, why: str) -> None:
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _size_ticks(ax: Any, sizes: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([format_size(s) for s in sizes])
+    ax.minorticks_off()
+    lo, hi = min(sizes), max(sizes)
+    ax.set_xlim(lo / 1.6, hi * 1.6)
+
+
+def _engine_label(df: pd.DataFrame, engine: str) -> str:
+    tags = set(df.loc[df["engine"] == engine, "tag"]) - {""}
+    return label(engine, "/".join(sorted(tags)))
+
+
+def _line(ax: Any, x: Any, st: pd.DataFrame, engine: str, lab: str, **kw: Any) -> None:
+    """A median line with IQR error bars; only the line carries the legend label."""
+    c = color(engine)
+    ax.plot(x, st["median"], color=c, marker=marker(engine), label=lab, **kw)
+    err = [st["median"] - st["q25"], st["q75"] - st["median"]]
+    ax.errorbar(x, st["median"], yerr=err, fmt="none", ecolor=c, elinewidth=0.8, capsize=2)
+
+
+def synthetic_subset(run: Run) -> tuple[pd.DataFrame, int, int]:
+    """Rows for the tensor-size sweep: synthetic workloads of the largest total size, at the
+    smallest SSD count (where the baselines run). Returns (rows, total_bytes, n_targets)."""
+    syn = run.ok[run.ok["tensor_bytes"] > 0]
+    if syn.empty:
+        return syn, 0, 0
+    total = int(syn["total_bytes"].max())
+    syn = syn[syn["total_bytes"] == total]
+    n = int(syn["n_targets"].min())
+    return syn[syn["n_targets"] == n], total, n
+
+
+@styled
+def bandwidth_vs_tensor_size(run: Run) -> Figure:
+    """(a) write bandwidth to durability and (b) restore bandwidth against tensor size."""
+    fig, axes = _new(COL2, 2.5, ncols=2)
+    df, total, n = synthetic_subset(run)
+    panels = [("write_GBps", "write bandwidth to durability (GB/s)", "(a) write: bytes / total_s"),
+              ("restore_GBps", "restore bandwidth (GB/s)", "(b) restore: bytes / restore_s")]  # fmt: skip
+    if not df.empty:
+        fig.suptitle(f"{format_size(total)} checkpoint, {n} target(s)", fontsize=8)
+    for ax, (metric, ylabel, title) in zip(axes[0], panels, strict=True):
+        if df.empty:
+            _empty(ax, "no synthetic workloads in this run")
+            continue
+        st = case_stats(df, metric, ["engine", "tensor_bytes"])
+        for e in order_engines(st["engine"]):
+            s = st[st["engine"] == e].sort_values("tensor_bytes")
+            _line(ax, s["tensor_bytes"], s, e, _engine_label(df, e))
+        _size_ticks(ax, sorted(int(x) for x in df["tensor_bytes"].unique()))
+        ax.set_xlabel("tensor size (log scale)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title)
+    if not df.empty:
+        fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside right upper")
+    footer(fig, run, "median of repetitions; error bars: interquartile range")
+    return fig
+
+
+@styled
+def stall_vs_ssds(run: Run, prof: model.Profile | None) -> Figure:
+    """Stall against SSD count per workload, measured (markers, IQR bars) beside the model."""
+    wls = list(dict.fromkeys(run.ok["workload"]))
+    ncols = min(len(wls), 3)
+    nrows = (len(wls) + ncols - 1) // ncols
+    fig, axes = _new(COL2 if ncols > 1 else COL1 + 1.5, 2.3 * nrows, ncols=ncols, nrows=nrows,
+                     sharey=True)  # fmt: skip
+    flat = list(axes.flat)
+    st = case_stats(run.ok, "stall_s")
+    counts = sorted(int(x) for x in run.ok["n_targets"].unique())
+    # the model between the measured SSD counts (a short dash when there is only one)
+    xs = (
+        np.linspace(min(counts), max(counts), 50)
+        if len(counts) > 1
+        else counts[0] + np.array([-0.2, 0.2])
+    )
+    xs_n = np.clip(xs, min(counts), max(counts))
+    for ax, wl in zip(flat, wls, strict=False):
+        s_wl = st[st["workload"] == wl]
+        size = float(run.ok.loc[run.ok["workload"] == wl, "total_bytes"].median())
+        for e in order_engines(s_wl["engine"]):
+            s = s_wl[s_wl["engine"] == e].sort_values("n_targets")
+            _line(ax, s["n_targets"], s, e, _engine_label(run.ok, e), linestyle="none")
+            if prof is not None and e in model.ENGINES:
+                ys = [model.predict(prof, e, x, size).stall_s for x in xs_n]
+                ax.plot(xs, ys, color=color(e), linestyle="--", linewidth=0.9, alpha=0.8,
+                        label="_model", gid="model")  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_xticks(counts)
+        ax.set_xlim(min(counts) - 0.3, max(counts) + 0.3)
+        ax.set_xlabel("SSDs (targets)")
+        ax.set_title(f"{wl} ({format_size(int(size))})")
+    for ax in flat[len(wls) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("stall (s, log scale)")
+    handles, labels = flat[0].get_legend_handles_labels()
+    if prof is not None:
+        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.9))
+        labels.append("model (same colour)")
+    fig.legend(handles, labels, loc="outside right upper")
+    extra = "markers: measured median, bars: IQR; dashed: model calibrated from this run"
+    if run.shared_device:
+        extra += ". ALL TARGETS ON ONE DEVICE: SSD-count scaling on this run is not real scaling"
+    footer(fig, run, extra)
+    return fig
+
+
+@styled
+def host_memory(run: Run) -> Figure:
+    """Pinned staging and page-cache peak per engine, as multiples of the checkpoint size."""
+    fig, axes = _new(COL1, 2.7)
+    ax = axes[0][0]
+    ok = run.ok
+    engines = order_engines(ok["engine"])
+    pinned = ok.groupby("engine")["pinned_x"].median()
+    cache = case_stats(ok, "page_cache_x", ["engine"]).set_index("engine")
+    x = np.arange(len(engines))
+    p = [pinned[e] for e in engines]
+    c = [cache.loc[e, "median"] for e in engines]
+    ax.bar(x, p, color=[color(e) for e in engines], width=0.6, label="pinned staging")
+    ax.bar(x, c, bottom=p, color=[color(e) for e in engines], alpha=0.35, hatch="///",
+           edgecolor="white", width=0.6, label="page-cache peak")  # fmt: skip
+    err = [[cache.loc[e, "median"] - cache.loc[e, "q25"] for e in engines],
+           [cache.loc[e, "q75"] - cache.loc[e, "median"] for e in engines]]  # fmt: skip
+    ax.errorbar(x, np.add(p, c), yerr=err, fmt="none", ecolor="black", elinewidth=0.7, capsize=2)
+    pred = [model.predict(_unit_profile(), e, 1, 1.0).host_bytes if e in model.ENGINES
+            else np.nan for e in engines]  # fmt: skip
+    (mline,) = ax.plot(x, pred, linestyle="none", marker="_", markersize=14, markeredgewidth=1.5,
+                       color="black", label="model")  # fmt: skip
+    ax.set_xticks(x)
+    ax.set_xticklabels([_engine_label(ok, e).replace(" [", "\n[") for e in engines])
+    ax.set_ylabel("host memory / checkpoint size (x S)")
+    ax.set_ylim(0, max(2.9, float(np.nanmax(np.add(p, c))) * 1.3))
+    ax.grid(axis="x", visible=False)
+    handles = [Patch(facecolor="0.4", label="pinned staging"),
+               Patch(facecolor="0.4", alpha=0.35, hatch="///", edgecolor="white",
+                     label="page-cache peak (bar: IQR)"),
+               mline]  # fmt: skip
+    ax.legend(handles=handles, loc="upper left", ncols=2)
+    ax.set_title("host memory per engine (median of all repetitions)")
+    footer(fig, run, "dcp's staging copy is unpinned host memory: not counted as pinned")
+    return fig
+
+
+def _unit_profile() -> model.Profile:
+    """A profile whose host-memory predictions are in units of S (bandwidths do not matter)."""
+    return model.Profile("unit", "", 1.0, 1.0, 1, 1, 1.0, 1)
+
+
+@styled
+def feasibility(
+    profiles: list[model.Profile], run: Run | None = None, max_ssds: int = 20
+) -> Figure:
+    """GDS stall / CPU-centric stall against SSDs per GPU, one line per hardware profile, with
+    each break-even point and today's ~1 data SSD per GPU marked."""
+    fig, axes = _new(COL1, 3.6)
+    ax = axes[0][0]
+    xs = np.arange(1, max_ssds + 1)
+    top = max(float(np.max(model.stall_ratio(p, xs))) for p in profiles) if profiles else 10
+    today = ax.axvspan(0.75, 1.25, color="#ffd27f", alpha=0.6, linewidth=0,
+                       label="today's 8-GPU servers: ~1 data SSD per GPU")  # fmt: skip
+    below = ax.axhspan(0.5, 1, color="#c7e9c0", alpha=0.6, linewidth=0,
+                       label="GDS stalls no longer than CPU-centric")  # fmt: skip
+    ax.axhline(1, color="black", linewidth=0.6)
+    for i, p in enumerate(profiles):
+        ys = model.stall_ratio(p, xs)
+        name = p.name + (" (one shared device)" if p.shared_device else "")
+        (ln,) = ax.plot(xs, ys, linestyle=PROFILE_STYLES[i % len(PROFILE_STYLES)], label=name,
+                        color=f"C{i}")  # fmt: skip
+        be = model.break_even(p)
+        if np.isfinite(be) and be <= max_ssds:
+            ax.plot([be], [1], marker="o", color=ln.get_color(), markersize=4, label="_nolegend_")
+            ax.annotate(f"{model.break_even_ssds(p)}", (be, 1), textcoords="offset points",
+                        xytext=(0, -8), ha="center", va="top", fontsize=6, fontweight="bold",
+                        color=ln.get_color())  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_ylim(0.55, top * 1.6)
+    ax.set_xlim(0.6, max_ssds + 0.4)
+    ax.set_xticks([1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20][:max_ssds])
+    ax.set_xlabel("SSDs per GPU, n")
+    ax.set_ylabel("GDS stall / CPU-centric stall (log scale)")
+    ax.set_title("R(n) = b / min(L, n w); dots: break-even SSDs per GPU")
+    handles = [h for h in ax.get_legend_handles_labels()[0] if h not in (today, below)]
+    fig.legend(handles=[*handles, today, below], loc="outside upper center", ncols=2,
+               fontsize=5.8)  # fmt: skip
+    text = "model; profiles: configs/hardware/*.yaml, figures from shared/reference/figures.md"
+    if run is not None:
+        footer(fig, run, text + "; this-machine calibrated from this run")
+    else:
+        fig.supxlabel(text, fontsize=5.5, color="0.3", x=0.0, ha="left")
+    return fig
+
+
+def timeline_case(run: Run) -> pd.DataFrame:
+    """Rows of the case the timeline draws: the largest synthetic checkpoint with its largest
+    tensors, at the smallest SSD count (else the largest model workload)."""
+    df, _, _ = synthetic_subset(run)
+    if df.empty:
+        ok = run.ok
+        df = ok[ok["total_bytes"] == ok["total_bytes"].max()]
+        df = df[df["n_targets"] == df["n_targets"].min()]
+    wl = df.sort_values("tensor_bytes", ascending=False, kind="stable")["workload"].iloc[0]
+    return df[df["workload"] == wl]
+
+
+@styled
+def timeline(run: Run) -> Figure:
+    """One checkpoint per engine on a time axis: stall (training waits), persist (background),
+    checksum time inside persist; from the median repetition of one case."""
+    df = timeline_case(run)
+    wl, n = str(df["workload"].iloc[0]), int(df["n_targets"].iloc[0])
+    engines = order_engines(df["engine"])
+    fig, axes = _new(COL2, 0.42 * len(engines) + 1.1)
+    ax = axes[0][0]
+    for i, e in enumerate(engines):
+        r = median_row(df[df["engine"] == e])
+        y = len(engines) - 1 - i
+        stall, tot = float(r["stall_s"]), float(r["total_s"])
+        whole_stall = e in ("gds", "torch-save")
+        ax.barh(y, tot if whole_stall else stall, left=0, height=0.6, color=color(e))
+        if not whole_stall and tot > stall:
+            ax.barh(y, tot - stall, left=stall, height=0.6, color=color(e), alpha=0.3,
+                    hatch="///", edgecolor="white")  # fmt: skip
+            h = float(r["hash_s"])
+            if h > 0:
+                ax.barh(y, min(h, tot - stall), left=stall, height=0.18, color="black")
+        ax.text(tot, y, f"  stall {stall:.3g} s, durable {tot:.3g} s", va="center", fontsize=6)
+    ax.set_yticks(range(len(engines)))
+    ax.set_yticklabels([_engine_label(df, e) for e in reversed(engines)])
+    ax.set_xlabel("time from save() (s)")
+    ax.set_xlim(0, float(df["total_s"].max()) * 1.45)
+    ax.grid(axis="y", visible=False)
+    ax.set_title(
+        f"one checkpoint per engine: {wl}, {n} target(s), the median repetition by total_s"
+    )
+    handles = [Patch(facecolor="0.3", label="stall: training waits"),
+               Patch(facecolor="0.3", alpha=0.3, hatch="///", edgecolor="white",
+                     label="persist: in the background"),
+               Patch(facecolor="black", label="checksums (within persist; placement indicative)")]  # fmt: skip
+    ax.legend(handles=handles, loc="lower right")
+    footer(
+        fig,
+        run,
+        "phases from each row's stall_s, total_s and hash_s; gds and torch-save stall until durable",
+    )
+    return fig
+
+
+@styled
+def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel: str) -> Figure:
+    """(a) each run's write-bandwidth curves over tensor size; (b) run / A with its 95% CI per
+    shared case."""
+    fig, axes = _new(COL2, 2.9, ncols=2)
+    ax, bx = axes[0]
+    styles = ["-", "--", ":", "-."]
+    sizes: set[int] = set()
+    for i, r in enumerate(runs):
+        df, _, _ = synthetic_subset(r)
+        if df.empty:
+            continue
+        st = case_stats(df, "write_GBps", ["engine", "tensor_bytes"])
+        for e in order_engines(st["engine"]):
+            s = st[st["engine"] == e].sort_values("tensor_bytes")
+            _line(ax, s["tensor_bytes"], s, e, f"{chr(65 + i)}: {_engine_label(df, e)}",
+                  linestyle=styles[i % 4])  # fmt: skip
+        sizes |= {int(x) for x in df["tensor_bytes"].unique()}
+    if sizes:
+        _size_ticks(ax, sorted(sizes))
+        ax.set_ylim(bottom=0)
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncols=3)
+    else:
+        _empty(ax, "no synthetic workloads")
+    ax.set_xlabel("tensor size (log scale)")
+    ax.set_ylabel("write bandwidth to durability (GB/s)")
+    ax.set_title("(a) write bandwidth (smallest SSD count, largest checkpoint)")
+    y = np.arange(len(table))
+    if len(table):
+        lo = (table["ratio"] - table["ci_low"]).fillna(0).to_numpy()
+        hi = (table["ci_high"] - table["ratio"]).fillna(0).to_numpy()
+        sig = table["significant"].to_numpy(dtype=bool)
+        ratio = table["ratio"].to_numpy()
+        for flag, mk in ((True, "o"), (False, "x")):
+            m = sig == flag
+            if m.any():
+                bx.errorbar(ratio[m], y[m], xerr=[lo[m], hi[m]], fmt=mk, capsize=2,
+                            color="black" if flag else "0.55",
+                            label="significant" if flag else "not significant")  # fmt: skip
+        bx.set_yticks(y)
+        bx.set_yticklabels([f"{r.run}/A {r.engine} {r.workload.replace('synthetic-', '')} x{r.n_targets}"
+                            for r in table.itertuples()], fontsize=6)  # fmt: skip
+        bx.invert_yaxis()
+        bx.legend(loc="best")
+    bx.axvline(1, color="black", linewidth=0.8)
+    bx.set_xscale("log")
+    finite = table[["ci_low", "ci_high", "ratio"]].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    lo_x, hi_x = (min(finite.min(), 1.0), max(finite.max(), 1.0)) if finite.size else (0.5, 2.0)
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+             if lo_x / 1.3 <= t <= hi_x * 1.3]  # fmt: skip
+    bx.set_xlim(lo_x / 1.3, hi_x * 1.3)
+    bx.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    bx.xaxis.set_minor_formatter(NullFormatter())
+    bx.set_xlabel(xlabel)
+    bx.set_title("(b) ratio of medians per shared case, 95% bootstrap CI")
+    ids = "; ".join(f"{chr(65 + i)} = {r.run_id}" for i, r in enumerate(runs))
+    loud = " HOST-EMULATED rows: not GPU numbers." if any(r.emulated for r in runs) else ""
+    fig.supxlabel(textwrap.fill(ids + "." + loud, 140), fontsize=5.5, x=0.0, ha="left",
+                  color="#aa0000" if loud else "0.3")  # fmt: skip
+    return fig
+
+
+def save(fig: Figure, outdir: str, stem: str) -> list[str]:
+    """Write `stem`.png and `stem`.pdf into outdir; returns the paths."""
+    os.makedirs(outdir, exist_ok=True)
+    paths = []
+    with plt.rc_context(STYLE):
+        for ext in ("png", "pdf"):
+            path = os.path.join(outdir, f"{stem}.{ext}")
+            fig.savefig(path)
+            paths.append(path)
+    return paths

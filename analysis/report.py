@@ -1,0 +1,454 @@
+"""`ckptbench report RUN_DIR`: the five figures (PNG + PDF), summary.csv, report.md and
+report.html in RUN_DIR/report/.
+
+The report answers "is GDS worth it for checkpointing here, and on the servers we might buy?":
+the measured summary, the model calibrated from the run beside the hardware profiles, the
+break-even SSD count per GPU, and the environment the numbers come from. Emulated and compat
+rows are marked in every table and figure.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import figures, model, runs, stats
+from analysis.runs import Run
+from bench.errors import UserError
+from bench.sizes import format_size
+
+CAPTIONS = {
+    "bandwidth_vs_tensor_size": "Figure 1. Bandwidth against tensor size, one line per engine: "
+    "(a) write bandwidth to durability = checkpoint bytes / total_s, (b) restore = bytes / "
+    "restore_s; GB/s = 1e9 B/s; median of repetitions, error bars the interquartile range.",
+    "stall_vs_ssds": "Figure 2. Stall (training waits) against the number of SSDs (targets), "
+    "one panel per checkpoint, one colour per engine; markers measured (IQR bars), dashed lines "
+    "the model calibrated from this run.",
+    "host_memory": "Figure 3. Host memory per engine as multiples of the checkpoint size S: "
+    "pinned staging and the page-cache peak (growth of Cached during the save), with the model's "
+    "estimate.",
+    "feasibility": "Figure 4. Feasibility: GDS stall / CPU-centric stall against SSDs per GPU for "
+    "each hardware profile (model), with the break-even SSD count and today's ~1 data SSD per GPU. "
+    "This figure answers 'is GDS worth it'.",
+    "timeline": "Figure 5. One checkpoint per engine on a time axis: the stall (training waits) "
+    "and the background persist phase, with checksum time inside persist (its position "
+    "indicative); from the median repetition.",
+}
+
+
+# --- a small document model rendered to Markdown and HTML ------------------------------------
+
+
+@dataclass
+class Doc:
+    """Blocks of a report, rendered to Markdown and HTML alike."""
+
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(("h", (level, text)))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def warn(self, text: str) -> None:
+        self.blocks.append(("warn", text))
+
+    def ul(self, items: list[str]) -> None:
+        self.blocks.append(("ul", items))
+
+    def table(self, headers: list[str], rows: list[list[str]]) -> None:
+        self.blocks.append(("table", (headers, rows)))
+
+    def img(self, path: str, caption: str) -> None:
+        self.blocks.append(("img", (path, caption)))
+
+    def pre(self, text: str) -> None:
+        self.blocks.append(("pre", text))
+
+    def markdown(self) -> str:
+        out: list[str] = []
+        for kind, v in self.blocks:
+            if kind == "h":
+                out.append(f"{'#' * v[0]} {v[1]}")
+            elif kind == "p":
+                out.append(v)
+            elif kind == "warn":
+                out.append(f"> **{v}**")
+            elif kind == "ul":
+                out.append("\n".join(f"- {i}" for i in v))
+            elif kind == "table":
+                out.append(md_table(*v))
+            elif kind == "img":
+                out.append(f"![{v[1].split('.')[0]}]({v[0]})\n\n*{v[1]}*")
+            elif kind == "pre":
+                out.append(f"```\n{v}\n```")
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        out = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>", CSS]
+        for kind, v in self.blocks:
+            if kind == "h":
+                out.append(f"<h{v[0]}>{_inline(v[1])}</h{v[0]}>")
+            elif kind == "p":
+                out.append(f"<p>{_inline(v)}</p>")
+            elif kind == "warn":
+                out.append(f"<p class='warn'>{_inline(v)}</p>")
+            elif kind == "ul":
+                out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in v) + "</ul>")
+            elif kind == "table":
+                head = "".join(f"<th>{_inline(h)}</th>" for h in v[0])
+                body = "".join(
+                    "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in v[1]
+                )
+                out.append(f"<table><tr>{head}</tr>{body}</table>")
+            elif kind == "img":
+                out.append(f"<figure><img src='{html.escape(v[0])}' alt=''>"
+                           f"<figcaption>{_inline(v[1])}</figcaption></figure>")  # fmt: skip
+            elif kind == "pre":
+                out.append(f"<pre>{html.escape(v)}</pre>")
+        return "\n".join(out) + "\n"
+
+
+CSS = """<style>
+body{font-family:sans-serif;max-width:75em;margin:1em auto;padding:0 1em;font-size:14px}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f3f3f3}
+img{max-width:100%}.warn{color:#a00;font-weight:bold}code{background:#f3f3f3}
+figure{margin:1em 0}figcaption{font-size:12px;color:#444}
+</style>"""
+
+
+def _inline(text: str) -> str:
+    t = html.escape(text)
+    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    def cell(c: str) -> str:
+        return str(c).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
+             "|" + "|".join("---" for _ in headers) + "|"]  # fmt: skip
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# --- what the report says ---------------------------------------------------------------------
+
+
+def warnings_for(run: Run) -> list[str]:
+    """Loud lines: what the numbers are not."""
+    out = []
+    if run.emulated:
+        out.append("HOST-EMULATED run (no GPU): host memory stands in for GPU memory in every "
+                   "row; these are not GPU numbers.")  # fmt: skip
+    modes = set(run.ok.loc[run.ok["engine"] == "gds", "gds_mode"])
+    if "emulated" in modes:
+        out.append(
+            "gds rows are a host emulation (O_DIRECT from host memory), NOT GPUDirect Storage."
+        )
+    if "compat" in modes:
+        out.append("gds rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage.")
+    if run.shared_device:
+        out.append(
+            "All targets share one device: SSD-count scaling on this run is not real scaling."
+        )
+    bad = {k: v for k, v in run.excluded.items() if k != "warm-up" and v}
+    if bad:
+        out.append("Rows left out of the statistics: "
+                   + ", ".join(f"{v} with {k}" for k, v in bad.items()) + ".")  # fmt: skip
+    return out
+
+
+def stall_ratios(run: Run) -> pd.DataFrame:
+    """Measured median stall of gds over cpu-single per (workload, n_targets)."""
+    st = stats.case_stats(run.ok, "stall_s").set_index(["workload", "n_targets", "engine"])
+    rows = []
+    for (wl, n), _ in st.groupby(level=[0, 1], sort=False):
+        try:
+            g = st.loc[(wl, n, "gds"), "median"]
+            c = st.loc[(wl, n, "cpu-single"), "median"]
+        except KeyError:
+            continue
+        rows.append({"workload": wl, "n_targets": n, "gds_stall_s": g, "cpu_single_stall_s": c,
+                     "ratio": g / c})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[str]]]:
+    headers = ["profile", "b: D2H GB/s", "w: SSD write GB/s", "SSDs per GPU today",
+               "GDS / CPU-centric stall at that count", "break-even SSDs per GPU (n*)"]  # fmt: skip
+    rows = []
+    for p in profiles:
+        be = model.break_even(p)
+        be_txt = ("never (one shared device)" if p.shared_device else "never") if math.isinf(be) \
+            else f"{model.break_even_ssds(p)} ({be:.2f})"  # fmt: skip
+        rows.append([p.name, f"{p.d2h_Bps / 1e9:.2f}", f"{p.ssd_write_Bps / 1e9:.2f}",
+                     str(p.ssds_per_gpu), f"{model.stall_ratio(p, p.ssds_per_gpu):.2f}", be_txt])  # fmt: skip
+    return headers, rows
+
+
+def answer(run: Run, this: model.Profile | None, profiles: list[model.Profile]) -> list[str]:
+    """The paragraphs that answer 'is GDS worth it here'."""
+    out = []
+    sr = stall_ratios(run)
+    emu = " (host-emulated: an O_DIRECT emulation of GDS, not GDS)" if run.emulated else ""
+    if not sr.empty:
+        lo, hi, med = sr["ratio"].min(), sr["ratio"].max(), sr["ratio"].median()
+        verdict = "longer" if med > 1 else "shorter"
+        out.append(
+            f"**Measured here{emu}:** gds stalled training {med:.2f}x as long as cpu-single "
+            f"(median over {len(sr)} cases, range {lo:.2f}-{hi:.2f}x): the GDS path stalls "
+            f"{verdict}, because it holds the tensors until they are durable while the "
+            "CPU-centric path stalls only for the snapshot into host memory."
+        )
+    if this is not None:
+        out.append(f"**The model calibrated from this run:** {model.describe_break_even(this)}.")
+    servers = [p for p in profiles if p.name != model.THIS_MACHINE]
+    if servers:
+        bes = [model.break_even_ssds(p) for p in servers]
+        finite = [b for b in bes if b is not None]
+        today = [p.ssds_per_gpu for p in servers]
+        ratios = [model.stall_ratio(p, p.ssds_per_gpu) for p in servers]
+        worth = [
+            p.name
+            for p, b in zip(servers, bes, strict=True)
+            if b is not None and b <= p.ssds_per_gpu
+        ]
+        if finite:
+            out.append(
+                f"**On the profiled servers** GDS needs {min(finite)}-{max(finite)} SSDs per GPU "
+                f"to stall no longer than a CPU-centric snapshot; they carry about "
+                f"{int(np.median(today))} per GPU, where GDS stalls {min(ratios):.1f}-"
+                f"{max(ratios):.1f}x as long. "
+                + (
+                    f"GDS breaks even on: {', '.join(worth)}."
+                    if worth
+                    else "On none of them is GDS worth it for the stall."
+                )  # fmt: skip
+            )
+    out.append("Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
+               "beside the model, Figure 3 the host memory the CPU-centric paths pay for it.")  # fmt: skip
+    return out
+
+
+def model_vs_measured(run: Run, this: model.Profile) -> tuple[list[str], list[list[str]]]:
+    """Predicted vs measured median stall and time to durability for every measured case."""
+    table = stats.summary_table(run)
+    headers = ["workload", "SSDs", "engine", "mode", "stall s: model", "measured", "error %",
+               "durable s: model", "measured", "error %"]  # fmt: skip
+    rows = []
+    for _, r in table.iterrows():
+        if r["engine"] not in model.ENGINES:
+            continue
+        n = 1 if r["engine"] in stats.FIRST_TARGET_ONLY else int(r["n_targets"])
+        pr = model.predict(this, r["engine"], n, float(r["total_bytes"]))
+        e1 = 100 * (pr.stall_s - r["stall_s"]) / r["stall_s"]
+        e2 = 100 * (pr.durable_s - r["total_s"]) / r["total_s"]
+        rows.append([r["workload"], str(int(r["n_targets"])), r["engine"],
+                     (r["mode"] or "").upper() or "-", stats.fmt(pr.stall_s),
+                     stats.fmt(r["stall_s"]), f"{e1:+.0f}", stats.fmt(pr.durable_s),
+                     stats.fmt(r["total_s"]), f"{e2:+.0f}"])  # fmt: skip
+    return headers, rows
+
+
+def _ceilings_text(c: Any, prefix: str = "") -> str:
+    """env.json ceilings, flattened, with *_Bps in GB/s."""
+    if not isinstance(c, dict):
+        return str(c)
+    parts = []
+    for k, v in c.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            parts.append(_ceilings_text(v, f"{name}."))
+        elif k.endswith("_Bps") and isinstance(v, int | float):
+            parts.append(f"{name[:-4]} {v / 1e9:.2f} GB/s")
+        else:
+            parts.append(f"{name} {v}")
+    return "; ".join(parts)
+
+
+def env_rows(env: dict[str, Any]) -> list[list[str]]:
+    """The environment as (key, value) rows."""
+    rows: list[list[str]] = []
+
+    def add(k: str, v: Any) -> None:
+        if v not in (None, "", [], {}):
+            rows.append([k, str(v)])
+
+    cpu = env.get("cpu", {})
+    add("host", env.get("host"))
+    add("os / kernel", f"{env.get('os', '?')} / {env.get('kernel', '?')}")
+    add("python", env.get("python"))
+    add("CPU", f"{cpu.get('model', '?')}, {cpu.get('logical_cores', '?')} logical cores")
+    if env.get("memory_bytes"):
+        add("memory", format_size(int(env["memory_bytes"])))
+    dev = env.get("device", {})
+    add("device", f"{dev.get('kind', '?')}" + (" (EMULATED)" if dev.get("emulated") else ""))
+    gpu = env.get("gpu", {})
+    if gpu.get("present"):
+        add("GPU", f"{gpu.get('name', '?')}, driver {gpu.get('driver', '?')}, PCIe gen "
+                   f"{gpu.get('pcie_gen', '?')} x{gpu.get('pcie_width', '?')}")  # fmt: skip
+    else:
+        add("GPU", "none")
+    kv = env.get("kvikio", {})
+    add("kvikio", ", ".join(f"{k}={v}" for k, v in kv.items()))
+    st = env.get("storage", {})
+    for i, t in enumerate(st.get("targets", [])):
+        b = t.get("block", {})
+        add(f"target {i}", f"{t.get('path')}: {t.get('fstype')} on {t.get('source')} "
+                           f"(disk {b.get('disk', '?')}, rotational={b.get('rotational', '?')}, "
+                           f"mount {t.get('mount')})")  # fmt: skip
+    if "shared_device" in st:
+        add(
+            "targets share one device",
+            "YES: SSD-count scaling is not real" if st["shared_device"] else "no",
+        )
+    if env.get("ceilings"):
+        add("device ceilings", _ceilings_text(env["ceilings"]))
+    g = env.get("git", {})
+    add("git", f"{g.get('commit', '?')}" + (" (dirty)" if g.get("dirty") else ""))
+    add("packages", ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items()))
+    cfg = env.get("config", {})
+    if cfg:
+        add("config", f"engines {cfg.get('engines')}, total_sizes "
+                      f"{[format_size(s) for s in cfg.get('total_sizes', [])]}, tensor_sizes "
+                      f"{[format_size(s) for s in cfg.get('tensor_sizes', [])]}, models "
+                      f"{cfg.get('models')}, ssd_counts {cfg.get('ssd_counts')}, repetitions "
+                      f"{cfg.get('repetitions')}, warmups {cfg.get('warmups')}")  # fmt: skip
+    for n in env.get("notes", []):
+        add("note", n)
+    return rows
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `report` wrote."""
+
+    outdir: str
+    paths: list[str]
+    summary: pd.DataFrame
+    summary_text: str
+    notes: list[str]
+    seconds: float
+
+
+def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
+          profiles_dir: str | None = None) -> Report:  # fmt: skip
+    """Write the figures (and unless figures_only, summary.csv, report.md, report.html)."""
+    t0 = time.perf_counter()
+    run = runs.load(run_dir)
+    outdir = outdir or os.path.join(run_dir, "report")
+    os.makedirs(outdir, exist_ok=True)
+    pdir = model.PROFILES_DIR if profiles_dir is None else Path(profiles_dir)
+    servers = model.load_profiles(pdir)
+    try:
+        this: model.Profile | None = model.from_run(run)
+    except UserError:
+        this = None
+    profiles = servers + ([this] if this is not None else [])
+
+    made = {
+        "bandwidth_vs_tensor_size": figures.bandwidth_vs_tensor_size(run),
+        "stall_vs_ssds": figures.stall_vs_ssds(run, this),
+        "host_memory": figures.host_memory(run),
+        "feasibility": figures.feasibility(profiles, run),
+        "timeline": figures.timeline(run),
+    }
+    paths: list[str] = []
+    for stem, fig in made.items():
+        paths += figures.save(fig, outdir, stem)
+
+    table = stats.summary_table(run)
+    headers, rows = stats.summary_rows(table)
+    summary_text = model.text_table(headers, rows)
+    if not figures_only:
+        csv_path = os.path.join(outdir, "summary.csv")
+        table.to_csv(csv_path, index=False)
+        doc = document(run, table, this, profiles)
+        md = os.path.join(outdir, "report.md")
+        with open(md, "w") as f:
+            f.write(doc.markdown())
+        html_path = os.path.join(outdir, "report.html")
+        with open(html_path, "w") as f:
+            f.write(doc.html(f"ckptbench report {run.run_id}"))
+        paths += [csv_path, md, html_path]
+    return Report(outdir, paths, table, summary_text, warnings_for(run), time.perf_counter() - t0)
+
+
+def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
+             profiles: list[model.Profile]) -> Doc:  # fmt: skip
+    """The report's content."""
+    d = Doc()
+    d.h(1, f"ckptbench report: {run.run_id}")
+    for w in warnings_for(run):
+        d.warn(w)
+    n_rows = len(run.ok)
+    d.p(f"{n_rows} timed repetitions ({run.excluded.get('warm-up', 0)} warm-ups left out), "
+        f"{table.shape[0]} cases, engines: {', '.join(run.engines)}. GB/s = 1e9 B/s; write "
+        "bandwidth = checkpoint bytes / total_s (until durable).")  # fmt: skip
+
+    d.h(2, "Is GDS worth it here?")
+    for para in answer(run, this, profiles):
+        d.p(para)
+    d.table(*profile_rows(profiles))
+    d.img("feasibility.png", CAPTIONS["feasibility"])
+
+    d.h(2, "Summary")
+    d.p("Per case: n timed repetitions; medians with their interquartile range (IQR); "
+        "'durable s' = median total_s; pinned and page cache as multiples of the checkpoint "
+        "size S; 'x torch-save' = torch-save's median (same workload, its one SSD) over this "
+        "engine's, for the stall and for the time to durability. Mode: EMULATED = host-emulated "
+        "device (and for gds the O_DIRECT emulation), COMPAT = kvikio compat mode."
+        + (" Efficiency = write bandwidth over the device ceiling of the targets used "
+           "(env.json ceilings)." if "efficiency_pct" in table else
+           " No device ceilings in env.json: no efficiency column."))  # fmt: skip
+    d.table(*stats.summary_rows(table))
+
+    d.h(2, "Figures")
+    for stem in figures.FIGURES:
+        if stem != "feasibility":
+            d.img(f"{stem}.png", CAPTIONS[stem])
+    d.p(
+        "PDF versions sit beside the PNGs. The timeline has no training steps yet: the "
+        "training-loop workload is not part of this run."
+    )
+
+    d.h(2, "The model")
+    d.p("`analysis/model.py`, one GPU's checkpoint; the same formulas draw Figures 2-4.")
+    d.p(model.FORMULAS_MD)
+    if this is not None:
+        d.h(3, "This machine, calibrated from this run")
+        d.table(["input", "value", "kind", "source"], [list(r) for r in model.input_rows(this)])
+        for note in this.notes:
+            d.p(f"Note: {note}.")
+        d.h(3, "Model against measurement")
+        d.p("Predicted vs measured medians per case (error = (model - measured) / measured). "
+            "b and w are medians of cpu-single over the run, so cpu-single's errors show how far "
+            "single cases stray from them; torch.save's serialisation is not modelled (it is "
+            "known to reach under a third of NVMe write speed, pytorch/pytorch issue 124195).")  # fmt: skip
+        d.table(*model_vs_measured(run, this))
+    d.h(3, "Hardware profiles")
+    d.p(
+        "From `configs/hardware/*.yaml`; every figure cites shared/reference/figures.md or is "
+        "marked assumed. `ckptbench model PROFILE` prints each one's inputs and sources."
+    )
+    for p in profiles:
+        if p.name != model.THIS_MACHINE:
+            d.p(f"**{p.name}**: {p.description}")
+            d.ul([f"{k}: {v} ({kind}; {src})" for k, v, kind, src in model.input_rows(p)])
+
+    d.h(2, "Environment")
+    d.table(["", "value"], env_rows(run.env))
+    return d

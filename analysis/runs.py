@@ -1,0 +1,151 @@
+"""A run as analysis sees it: results.csv rows (normalised, with derived GB/s) and env.json.
+
+Reads results files only, through `bench.results`. Rows kept for statistics are the timed
+repetitions that succeeded: warm-ups, rows with an error and rows that did not verify are set
+aside (and counted). Bandwidths are derived here, in GB/s (1e9 B/s), never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from bench import results
+from bench.errors import UserError
+
+ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
+CPU_CENTRIC = ("cpu-single", "cpu-double")
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Run:
+    """One results/<run-id>/ folder: every row, the rows for statistics, and the environment."""
+
+    path: str
+    run_id: str
+    rows: pd.DataFrame
+    env: dict[str, Any]
+    ok: pd.DataFrame = field(repr=False)
+    excluded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def emulated(self) -> bool:
+        return bool(self.rows["emulated"].any()) or bool(self.env.get("device", {}).get("emulated"))
+
+    @property
+    def shared_device(self) -> bool:
+        """All targets on one block device: SSD-count scaling on this run is not real scaling."""
+        return bool(self.env.get("storage", {}).get("shared_device"))
+
+    @property
+    def engines(self) -> list[str]:
+        return order_engines(self.ok["engine"].unique())
+
+    def gds_modes(self) -> dict[str, str]:
+        """Engine -> its mode(s) on this run ('emulated', 'compat', 'gds', 'none')."""
+        return {
+            e: "/".join(sorted(set(g["gds_mode"])))
+            for e, g in self.rows.groupby("engine", sort=False)
+        }
+
+
+def order_engines(names: Any) -> list[str]:
+    """Engines in the house order (gds, cpu-single, cpu-double, torch-save, dcp), others after."""
+    names = list(dict.fromkeys(names))
+    return [e for e in ENGINE_ORDER if e in names] + sorted(
+        n for n in names if n not in ENGINE_ORDER
+    )
+
+
+def mode_tag(row: Any) -> str:
+    """What must be said next to a number: 'compat', 'emulated' or '' (a real GPU row)."""
+    if row["gds_mode"] == "compat":
+        return "compat"
+    if row["gds_mode"] == "emulated" or bool(row["emulated"]):
+        return "emulated"
+    return ""
+
+
+def label(engine: str, tag: str) -> str:
+    """Legend and table label: 'gds [emulated]', 'gds [compat]', 'cpu-single'."""
+    return f"{engine} [{tag}]" if tag else engine
+
+
+def _bool(s: pd.Series) -> pd.Series:
+    if s.dtype == bool:
+        return s
+    return s.astype(str).str.strip().str.lower().isin(["true", "1", "yes"])
+
+
+def _text(s: pd.Series, missing: str) -> pd.Series:
+    """A text column with `missing` for empty cells (pandas reads an all-empty column as NaN)."""
+    return s.astype(object).where(s.notna(), missing).astype(str)
+
+
+def normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """Types, empty strings for missing text, mode tags and derived bandwidths (GB/s)."""
+    df = df.copy()
+    for c in ("warmup", "emulated", "verified", "checksums"):
+        if c in df:
+            df[c] = _bool(df[c])
+    df["error"] = _text(df["error"], "")
+    # Runs before the mode column was filled for every engine left it empty for non-gds engines.
+    df["gds_mode"] = _text(df["gds_mode"], "none").replace("", "none")
+    df["tag"] = [mode_tag(r) for _, r in df.iterrows()]
+    df["label"] = [label(e, t) for e, t in zip(df["engine"], df["tag"], strict=True)]
+    s = df["total_bytes"].astype(float)
+    df["write_GBps"] = s / df["total_s"] / GB
+    df["restore_GBps"] = s / df["restore_s"] / GB
+    df["snapshot_GBps"] = s / df["stall_s"] / GB
+    df["persist_GBps"] = s / df["persist_s"].where(df["persist_s"] > 0) / GB
+    df["pinned_x"] = df["pinned_bytes"] / s
+    df["page_cache_x"] = df["page_cache_peak_bytes"] / s
+    return df
+
+
+REQUIRED = [c for c in results.COLUMNS if c not in ("options", "checksums")]
+
+
+def load(path: str) -> Run:
+    """Read RUN_DIR (results.csv + env.json); a missing or malformed run is a UserError."""
+    if not os.path.isdir(path):
+        raise UserError(f"{path}: no such run directory (give results/<run-id>)")
+    csv_path = os.path.join(path, "results.csv")
+    if not os.path.isfile(csv_path):
+        raise UserError(f"{path}: no results.csv here; is this a results/<run-id> folder?")
+    try:
+        raw = results.read_rows(path)
+    except (ValueError, OSError) as e:
+        raise UserError(f"{csv_path}: cannot read ({e})") from None
+    missing = [c for c in REQUIRED if c not in raw.columns]
+    if missing:
+        raise UserError(f"{csv_path}: lacks columns {', '.join(missing)}")
+    env: dict[str, Any] = {}
+    env_path = os.path.join(path, "env.json")
+    if os.path.isfile(env_path):
+        try:
+            with open(env_path) as f:
+                env = json.load(f)
+        except (ValueError, OSError) as e:
+            raise UserError(f"{env_path}: cannot read ({e})") from None
+    rows = normalise(raw) if len(raw) else raw
+    if rows.empty:
+        raise UserError(f"{csv_path}: no rows")
+    warm = rows["warmup"]
+    failed = ~warm & (rows["error"] != "")
+    unverified = ~warm & ~failed & ~rows["verified"]
+    ok = rows[~warm & ~failed & ~unverified].copy()
+    run_id = str(rows["run_id"].iloc[0]) if "run_id" in rows else os.path.basename(path)
+    excluded = {
+        "warm-up": int(warm.sum()),
+        "error": int(failed.sum()),
+        "not verified": int(unverified.sum()),
+    }
+    if ok.empty:
+        raise UserError(f"{csv_path}: no successful timed repetitions to analyse")
+    return Run(os.path.abspath(path), run_id, rows, env, ok, excluded)

@@ -1,0 +1,208 @@
+"""Statistics over repetitions: median and IQR per case, the run's summary table, and the
+ratio of two samples' medians with a bootstrap confidence interval.
+
+A case is (workload, n_targets, engine); every statistic is over the timed repetitions that
+succeeded (analysis.runs.Run.ok).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from analysis.runs import Run, order_engines
+
+CASE = ["workload", "n_targets", "engine"]
+# Engines that write with O_DIRECT (their ceiling is the direct-write one) and the baselines
+# that write into the first target only.
+DIRECT = ("gds", "cpu-single")
+FIRST_TARGET_ONLY = ("torch-save", "dcp")
+
+
+def ordered(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in run order of workloads, then SSD count, then the house order of engines."""
+    wl = {w: i for i, w in enumerate(dict.fromkeys(df["workload"]))}
+    eng = {e: i for i, e in enumerate(order_engines(df["engine"]))}
+    key = df["workload"].map(wl) * 10**6 + df["n_targets"] * 100 + df["engine"].map(eng)
+    return df.iloc[np.argsort(key.to_numpy(), kind="stable")]
+
+
+def case_stats(df: pd.DataFrame, metric: str, keys: list[str] | None = None) -> pd.DataFrame:
+    """Median, 25th and 75th percentiles, IQR and n of `metric` per case."""
+    keys = keys or CASE
+    g = df.groupby(keys, sort=False)[metric]
+    out = pd.DataFrame(
+        {
+            "median": g.median(),
+            "q25": g.quantile(0.25),
+            "q75": g.quantile(0.75),
+            "n": g.size(),
+        }
+    )
+    out["iqr"] = out["q75"] - out["q25"]
+    return out.reset_index()
+
+
+def median_row(g: pd.DataFrame, metric: str = "total_s") -> pd.Series:
+    """The repetition whose `metric` is the median (the lower middle one for an even count)."""
+    s = g.sort_values(metric, kind="stable")
+    return s.iloc[(len(s) - 1) // 2]
+
+
+def device_ceiling(env: dict[str, Any], key: str, n_targets: int, shared: bool) -> float | None:
+    """The write ceiling (B/s) of n targets from env.json["ceilings"], or None if the run has none.
+
+    Accepts `per_ssd_count` ({"2": {key: B/s}}: measured with that many targets at once, as
+    bench/ceiling.py writes it), a number (one target), a per-target list, or per-target dicts
+    (under "targets" or keyed by target path). For the per-target shapes, with all targets on
+    one device the ceiling of one target is the ceiling of any number of them.
+    """
+    ceil = env.get("ceilings")
+    if not isinstance(ceil, dict):
+        return None
+    # bench/ceiling.py: aggregate ceilings measured with n targets written at once
+    per_n = ceil.get("per_ssd_count")
+    if isinstance(per_n, dict):
+        row = per_n.get(str(n_targets))
+        val = row.get(key) if isinstance(row, dict) else None
+        if isinstance(val, int | float) and val > 0:
+            return float(val)
+    per: list[float] = []
+    v = ceil.get(key)
+    if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+        per = [float(v)] * n_targets
+    elif isinstance(v, list):
+        per = [float(x) for x in v if isinstance(x, int | float) and x > 0]
+    else:
+        # per-target dicts: a "targets" list, or dicts keyed by target path (in env.json order)
+        items = ceil["targets"] if isinstance(ceil.get("targets"), list) else list(ceil.values())
+        per = [float(t[key]) for t in items
+               if isinstance(t, dict) and isinstance(t.get(key), int | float) and t[key] > 0]  # fmt: skip
+    if not per:
+        return None
+    k = 1 if shared else n_targets
+    if len(per) < k:
+        per = per + [per[-1]] * (k - len(per))
+    return float(sum(per[:k]))
+
+
+def has_ceilings(env: dict[str, Any]) -> bool:
+    return isinstance(env.get("ceilings"), dict) and bool(env["ceilings"])
+
+
+def summary_table(run: Run) -> pd.DataFrame:
+    """One row per case: medians, IQRs, n, host memory, speed-up over torch-save and, when the
+    run has device ceilings, efficiency. Numbers are not rounded here."""
+    ok = run.ok
+    g = ok.groupby(CASE, sort=False)
+    out = g.agg(
+        mode=("tag", lambda s: "/".join(sorted(set(s) - {""}))),
+        n=("rep", "size"),
+        total_bytes=("total_bytes", "median"),
+        write_GBps=("write_GBps", "median"),
+        write_q25=("write_GBps", lambda s: s.quantile(0.25)),
+        write_q75=("write_GBps", lambda s: s.quantile(0.75)),
+        stall_s=("stall_s", "median"),
+        stall_q25=("stall_s", lambda s: s.quantile(0.25)),
+        stall_q75=("stall_s", lambda s: s.quantile(0.75)),
+        total_s=("total_s", "median"),
+        restore_GBps=("restore_GBps", "median"),
+        pinned_x=("pinned_x", "median"),
+        page_cache_x=("page_cache_x", "median"),
+    ).reset_index()
+    out["write_iqr"] = out["write_q75"] - out["write_q25"]
+    out["stall_iqr"] = out["stall_q75"] - out["stall_q25"]
+    # Speed-up over torch-save on the same workload: torch-save runs at the smallest SSD count
+    # and writes one file, so its median there is the reference for every SSD count.
+    ts = out[out["engine"] == "torch-save"].sort_values("n_targets").drop_duplicates("workload")
+    ref = ts.set_index("workload")
+    out["speedup_stall"] = out["workload"].map(ref["stall_s"]) / out["stall_s"]
+    out["speedup_total"] = out["workload"].map(ref["total_s"]) / out["total_s"]
+    if has_ceilings(run.env):
+        eff = []
+        for _, r in out.iterrows():
+            direct = r["engine"] in DIRECT
+            n = 1 if r["engine"] in FIRST_TARGET_ONLY else int(r["n_targets"])
+            c = device_ceiling(run.env, "direct_write_Bps" if direct else "buffered_write_Bps",
+                               n, run.shared_device)  # fmt: skip
+            if c is None and not direct:
+                c = device_ceiling(run.env, "direct_write_Bps", n, run.shared_device)
+            eff.append(np.nan if c is None else 100 * r["write_GBps"] * 1e9 / c)
+        out["efficiency_pct"] = eff
+    return ordered(out).reset_index(drop=True)
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """Numbers for tables: 3 significant digits, '-' for missing."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted rows of the summary table (report.md and the terminal)."""
+    headers = ["workload", "SSDs", "engine", "mode", "n", "write GB/s", "IQR", "stall s", "IQR",
+               "durable s", "restore GB/s", "pinned xS", "page cache xS",
+               "x torch-save stall", "x torch-save durable"]  # fmt: skip
+    eff = "efficiency_pct" in table
+    if eff:
+        headers.append("efficiency % of device")
+    rows = []
+    for _, r in table.iterrows():
+        row = [r["workload"], str(int(r["n_targets"])), r["engine"], (r["mode"] or "").upper() or "-",
+               str(int(r["n"])), f"{r['write_GBps']:.2f}", f"{r['write_iqr']:.2f}",
+               fmt(r["stall_s"]), fmt(r["stall_iqr"], 2), fmt(r["total_s"]),
+               f"{r['restore_GBps']:.2f}", f"{r['pinned_x']:.2f}", f"{r['page_cache_x']:.2f}",
+               fmt(r["speedup_stall"]), fmt(r["speedup_total"])]  # fmt: skip
+        if eff:
+            row.append(fmt(r["efficiency_pct"]))
+        rows.append(row)
+    return headers, rows
+
+
+@dataclass(frozen=True)
+class RatioCI:
+    """Median(b) / median(a) with a percentile-bootstrap confidence interval and a rank test."""
+
+    ratio: float
+    low: float
+    high: float
+    p_value: float
+    n_a: int
+    n_b: int
+
+    @property
+    def significant(self) -> bool:
+        """True when the interval excludes 1 (the difference is outside the noise)."""
+        return math.isfinite(self.low) and (self.low > 1 or self.high < 1)
+
+
+def _median_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(b, axis=axis) / np.median(a, axis=axis)
+
+
+def ratio_ci(a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 4000,
+             seed: int = 0) -> RatioCI:  # fmt: skip
+    """B/A ratio of medians; CI from scipy's percentile bootstrap (independent samples),
+    p from a two-sided Mann-Whitney U test. With fewer than 2 values a side there is no CI."""
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    ratio = float(np.median(b) / np.median(a))
+    if len(a) < 2 or len(b) < 2:
+        return RatioCI(ratio, math.nan, math.nan, math.nan, len(a), len(b))
+    with warnings.catch_warnings():
+        # Identical resamples (tiny n) make scipy warn about a degenerate distribution; the
+        # percentile interval is still the right answer (a point).
+        warnings.simplefilter("ignore")
+        res = sps.bootstrap((a, b), _median_ratio, vectorized=True, paired=False,
+                            confidence_level=confidence, n_resamples=n_resamples,
+                            method="percentile", rng=np.random.default_rng(seed))  # fmt: skip
+        p = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
+    ci = res.confidence_interval
+    return RatioCI(ratio, float(ci.low), float(ci.high), p, len(a), len(b))

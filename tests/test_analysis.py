@@ -1,0 +1,385 @@
+"""Analysis of a committed fixture run (a trimmed real default run): loading, the summary table's
+numbers, the figures' axes and lines, report.md, and `ckptbench report`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import figures, model, report, runs, stats
+from bench.cli import main
+from bench.errors import UserError
+
+FIX = Path(__file__).parent / "fixtures" / "runs"
+DEFAULT = FIX / "20261202T160516Z-default-b10c3b"
+S = 1 << 30
+ENGINES = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
+
+
+@pytest.fixture(scope="module")
+def run() -> runs.Run:
+    return runs.load(str(DEFAULT))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
+    return report.build(str(DEFAULT), str(tmp_path_factory.mktemp("report")))
+
+
+def labelled(ax) -> list:  # noqa: ANN001 - a matplotlib Axes
+    return [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+
+def compat_copy(tmp_path: Path) -> str:
+    """The fixture as if measured on a GPU with kvikio in compat mode."""
+    out = tmp_path / "compat-run"
+    shutil.copytree(DEFAULT, out)
+    df = pd.read_csv(out / "results.csv", keep_default_na=False, dtype=str)
+    df["device"] = "cuda"
+    df["emulated"] = "False"
+    df.loc[df["engine"] == "gds", "gds_mode"] = "compat"
+    df.to_csv(out / "results.csv", index=False)
+    env = json.loads((out / "env.json").read_text())
+    env["device"] = {"kind": "cuda", "emulated": False}
+    (out / "env.json").write_text(json.dumps(env))
+    return str(out)
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def test_load_sets_aside_warmups(run: runs.Run) -> None:
+    assert len(run.rows) == 64
+    assert run.excluded == {"warm-up": 16, "error": 0, "not verified": 0}
+    assert len(run.ok) == 48
+    assert not run.ok["warmup"].any()
+    assert run.engines == ENGINES
+    assert run.emulated and run.shared_device
+    assert set(run.ok["label"]) == {f"{e} [emulated]" for e in ENGINES}
+    assert run.gds_modes() == {"gds": "emulated", "cpu-double": "none", "cpu-single": "none",
+                               "torch-save": "none", "dcp": "none"}  # fmt: skip
+
+
+def test_load_sets_aside_errors_and_unverified(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    shutil.copytree(DEFAULT, out)
+    df = pd.read_csv(out / "results.csv", keep_default_na=False, dtype=str)
+    timed = df.index[df["warmup"] == "False"]
+    df.loc[timed[0], "error"] = "OSError: boom"
+    df.loc[timed[1], "verified"] = "False"
+    df.loc[:, "gds_mode"] = df["gds_mode"].where(df["engine"] == "gds", "")  # older runs
+    df.to_csv(out / "results.csv", index=False)
+    r = runs.load(str(out))
+    assert r.excluded == {"warm-up": 16, "error": 1, "not verified": 1}
+    assert len(r.ok) == 46
+    assert set(r.rows.loc[r.rows["engine"] != "gds", "gds_mode"]) == {"none"}
+    assert (
+        "Rows left out of the statistics: 1 with error, 1 with not verified."
+        in report.warnings_for(r)
+    )
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such run directory"):
+        runs.load(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="no results.csv here"):
+        runs.load(str(tmp_path))
+    (tmp_path / "results.csv").write_text("run_id,engine\nx,gds\n")
+    with pytest.raises(UserError, match="results.csv: lacks columns case_id, device"):
+        runs.load(str(tmp_path))
+
+
+# --- the summary table ---------------------------------------------------------------------
+
+
+def test_summary_table_numbers(run: runs.Run) -> None:
+    t = stats.summary_table(run)
+    assert len(t) == 16  # 2 workloads x (5 engines at 1 SSD + 3 at 2 SSDs)
+    row = t[(t["workload"] == "synthetic-1GiB-256MiB") & (t["n_targets"] == 1)
+            & (t["engine"] == "cpu-single")].iloc[0]  # fmt: skip
+    # the three timed repetitions of that case in results.csv
+    stalls = [0.084857, 0.098805, 0.091066]
+    totals = [0.388869, 0.415854, 0.419593]
+    assert row["n"] == 3
+    assert row["mode"] == "emulated"
+    assert row["stall_s"] == pytest.approx(0.091066, abs=1e-6)
+    assert row["stall_iqr"] == pytest.approx(pd.Series(stalls).quantile(0.75)
+                                             - pd.Series(stalls).quantile(0.25), abs=1e-6)  # fmt: skip
+    assert row["total_s"] == pytest.approx(0.415854, abs=1e-6)
+    assert row["write_GBps"] == pytest.approx(S / 0.415854 / 1e9, rel=1e-5)
+    assert row["write_iqr"] == pytest.approx(
+        (pd.Series([S / x / 1e9 for x in totals]).quantile(0.75)
+         - pd.Series([S / x / 1e9 for x in totals]).quantile(0.25)), rel=1e-5)  # fmt: skip
+    assert row["pinned_x"] == pytest.approx(1.0)
+    # torch-save on that workload: median stall 2.263276 s (0.906677, 2.263276, 2.298649)
+    assert row["speedup_stall"] == pytest.approx(2.263276 / 0.091066, rel=1e-5)
+    assert row["speedup_total"] == pytest.approx(2.263506 / 0.415854, rel=1e-5)
+    ts = t[(t["engine"] == "torch-save")]
+    assert list(ts["speedup_stall"]) == [1.0, 1.0]
+    assert "efficiency_pct" not in t  # no ceilings in env.json
+
+
+def test_summary_rows_mark_every_row_emulated(run: runs.Run) -> None:
+    headers, rows = stats.summary_rows(stats.summary_table(run))
+    assert headers[:6] == ["workload", "SSDs", "engine", "mode", "n", "write GB/s"]
+    assert {r[3] for r in rows} == {"EMULATED"}
+    first = rows[0]
+    assert first[:5] == ["synthetic-1GiB-4MiB", "1", "gds", "EMULATED", "3"]
+
+
+def test_efficiency_appears_with_ceilings(run: runs.Run) -> None:
+    env = dict(run.env, ceilings={"direct_write_Bps": 3.0e9, "buffered_write_Bps": 2.0e9})
+    t = stats.summary_table(dataclasses.replace(run, env=env))
+    r = t[(t["engine"] == "cpu-single") & (t["n_targets"] == 2)].iloc[0]
+    # shared device: the ceiling of 2 targets is the ceiling of one
+    assert r["efficiency_pct"] == pytest.approx(100 * r["write_GBps"] * 1e9 / 3.0e9)
+    d = t[(t["engine"] == "cpu-double") & (t["n_targets"] == 1)].iloc[0]
+    assert d["efficiency_pct"] == pytest.approx(100 * d["write_GBps"] * 1e9 / 2.0e9)
+    headers, _ = stats.summary_rows(t)
+    assert headers[-1] == "efficiency % of device"
+    unshared = dataclasses.replace(run, env=dict(env, storage={"shared_device": False}))
+    t2 = stats.summary_table(unshared)
+    r2 = t2[(t2["engine"] == "cpu-single") & (t2["n_targets"] == 2)].iloc[0]
+    assert r2["efficiency_pct"] == pytest.approx(100 * r2["write_GBps"] * 1e9 / 6.0e9)
+
+
+@pytest.mark.parametrize(
+    "ceilings",
+    [
+        {"direct_write_Bps": 2e9},
+        {"direct_write_Bps": [2e9, 3e9]},
+        {"targets": [{"direct_write_Bps": 2e9}, {"direct_write_Bps": 3e9}]},
+        {"t0": {"direct_write_Bps": 2e9}, "t1": {"direct_write_Bps": 3e9}},
+    ],
+)
+def test_device_ceiling_shapes(ceilings: dict) -> None:
+    env = {"ceilings": ceilings}
+    assert stats.device_ceiling(env, "direct_write_Bps", 1, shared=False) == 2e9
+    assert stats.device_ceiling(env, "direct_write_Bps", 2, shared=True) == 2e9
+    two = stats.device_ceiling(env, "direct_write_Bps", 2, shared=False)
+    assert two == (4e9 if "direct_write_Bps" in ceilings and not isinstance(
+        ceilings["direct_write_Bps"], list) else 5e9)  # fmt: skip
+    assert stats.device_ceiling(env, "buffered_write_Bps", 1, shared=False) is None
+    assert stats.device_ceiling({}, "direct_write_Bps", 1, shared=False) is None
+
+
+def test_device_ceiling_per_ssd_count() -> None:
+    # the shape bench/ceiling.py writes: aggregates measured with n targets at once
+    env = {"ceilings": {"tool": "builtin", "copy_Bps": 9e9,
+                        "per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9},
+                                          "2": {"direct_write_Bps": 2.5e9}}}}  # fmt: skip
+    assert stats.device_ceiling(env, "direct_write_Bps", 1, shared=True) == 2e9
+    assert stats.device_ceiling(env, "direct_write_Bps", 2, shared=True) == 2.5e9
+    assert stats.device_ceiling(env, "buffered_write_Bps", 2, shared=True) is None
+    assert stats.device_ceiling(env, "direct_write_Bps", 4, shared=False) is None
+    assert stats.device_ceiling(env, "copy_Bps", 1, shared=True) == 9e9  # one for the host
+    run = runs.load(str(DEFAULT))
+    p = model.from_run(dataclasses.replace(run, env=dict(run.env, **env)))
+    assert (p.ssd_write_Bps, p.host_copy_Bps) == (2e9, 9e9)
+
+
+def test_ratio_ci() -> None:
+    a, b = [1.0, 1.1, 0.9, 1.05, 0.95], [2.0, 2.1, 1.9, 2.05, 1.95]
+    r = stats.ratio_ci(a, b)
+    assert r.ratio == pytest.approx(2.0)
+    assert 1 < r.low <= r.ratio <= r.high
+    assert r.significant
+    assert r.p_value == pytest.approx(0.0079, abs=1e-4)  # exact two-sided U test, 5 vs 5
+    same = stats.ratio_ci(a, a)
+    assert same.ratio == 1 and not same.significant
+    one = stats.ratio_ci([1.0], [2.0, 2.1])
+    assert one.ratio == pytest.approx(2.05) and not one.significant
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def test_bandwidth_figure(run: runs.Run) -> None:
+    fig = figures.bandwidth_vs_tensor_size(run)
+    axes = fig.get_axes()
+    assert len(axes) == 2
+    assert [ax.get_ylabel() for ax in axes] == ["write bandwidth to durability (GB/s)",
+                                                "restore bandwidth (GB/s)"]  # fmt: skip
+    for ax in axes:
+        assert ax.get_xlabel() == "tensor size (log scale)"
+        assert ax.get_xscale() == "log"
+        lines = labelled(ax)
+        assert [ln.get_label() for ln in lines] == [f"{e} [emulated]" for e in ENGINES]
+        assert all(list(ln.get_xdata()) == [4 << 20, 256 << 20] for ln in lines)
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["4MiB", "256MiB"]
+    # cpu-single write GB/s at 256 MiB tensors = S / median total_s
+    cs = labelled(axes[0])[1]
+    assert cs.get_ydata()[1] == pytest.approx(S / 0.415854 / 1e9, rel=1e-5)
+    assert "HOST-EMULATED" in fig.get_supxlabel()
+    assert fig.get_suptitle() == "1GiB checkpoint, 1 target(s)"
+
+
+def test_stall_figure_has_model_beside_measurement(run: runs.Run) -> None:
+    fig = figures.stall_vs_ssds(run, model.from_run(run))
+    axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["synthetic-1GiB-4MiB (1GiB)",
+                                               "synthetic-1GiB-256MiB (1GiB)"]  # fmt: skip
+    for ax in axes:
+        assert ax.get_xlabel() == "SSDs (targets)"
+        assert ax.get_yscale() == "log"
+        measured = labelled(ax)
+        assert [ln.get_label() for ln in measured] == [f"{e} [emulated]" for e in ENGINES]
+        assert len([ln for ln in ax.get_lines() if ln.get_gid() == "model"]) == 5
+        # baselines only at 1 SSD, the striped engines at 1 and 2
+        assert [len(ln.get_xdata()) for ln in measured] == [2, 2, 2, 1, 1]
+    assert axes[0].get_ylabel() == "stall (s, log scale)"
+    assert "ALL TARGETS ON ONE DEVICE" in fig.get_supxlabel()
+
+
+def test_host_memory_figure(run: runs.Run) -> None:
+    fig = figures.host_memory(run)
+    ax = fig.get_axes()[0]
+    assert ax.get_ylabel() == "host memory / checkpoint size (x S)"
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == [f"{e}\n[emulated]" for e in ENGINES]
+    pinned = [p.get_height() for p in ax.containers[0]]
+    cache = [p.get_height() for p in ax.containers[1]]
+    assert pinned == pytest.approx([0, 1, 1, 0, 0])
+    assert cache[2] == pytest.approx(1.0, abs=0.05)  # cpu-double: the page-cache copy
+    assert cache[1] == pytest.approx(0.0, abs=0.01)  # cpu-single: O_DIRECT
+    model_line = next(ln for ln in ax.get_lines() if ln.get_label() == "model")
+    assert list(model_line.get_ydata()) == [0, 1, 2, 1, 2]
+
+
+def test_feasibility_figure(run: runs.Run) -> None:
+    profs = [*model.load_profiles(), model.from_run(run)]
+    fig = figures.feasibility(profs, run)
+    ax = fig.get_axes()[0]
+    assert ax.get_xlabel() == "SSDs per GPU, n"
+    assert ax.get_ylabel() == "GDS stall / CPU-centric stall (log scale)"
+    lines = labelled(ax)
+    assert [ln.get_label() for ln in lines] == ["a100-gen4", "dgx-h100-gen4", "dgx-h100-gen5",
+                                                "nd-h200-v5", "this-machine (one shared device)"]  # fmt: skip
+    h100 = lines[1]
+    assert h100.get_ydata()[0] == pytest.approx(52.77 / 3.8)
+    # break-even annotations, one per profile that breaks even within 20 SSDs
+    assert sorted(t.get_text() for t in ax.texts) == ["14", "16", "7", "8"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "today's 8-GPU servers: ~1 data SSD per GPU" in legend
+
+
+def test_timeline_figure(run: runs.Run) -> None:
+    fig = figures.timeline(run)
+    ax = fig.get_axes()[0]
+    assert ax.get_xlabel() == "time from save() (s)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        f"{e} [emulated]" for e in reversed(ENGINES)
+    ]
+    assert "synthetic-1GiB-256MiB, 1 target(s)" in ax.get_title()
+
+    def row(y: int) -> list:  # the full-height bars of one engine, left to right
+        return sorted((p for p in ax.patches if abs(p.get_y() + p.get_height() / 2 - y) < 1e-9
+                       and p.get_height() == pytest.approx(0.6)), key=lambda p: p.get_x())  # fmt: skip
+
+    # cpu-single (row 3 from the bottom): its median repetition by total_s has total_s
+    # 0.415854 and stall_s 0.098805; persist runs from the stall to the total
+    stall_bar, persist_bar = row(3)
+    assert (stall_bar.get_x(), stall_bar.get_width()) == pytest.approx((0, 0.098805), abs=1e-6)
+    assert persist_bar.get_x() == pytest.approx(0.098805, abs=1e-6)
+    assert persist_bar.get_x() + persist_bar.get_width() == pytest.approx(0.415854, abs=1e-6)
+    # gds (top row): one bar, all of it stall (median of 0.388271, 0.454621, 0.459139)
+    (gds,) = row(4)
+    assert gds.get_width() == pytest.approx(0.454621, abs=1e-6)
+    # checksum time: a thin bar inside cpu-single's persist phase
+    thin = [p for p in ax.patches if p.get_height() == pytest.approx(0.18)]
+    assert len(thin) == 2  # cpu-single and cpu-double
+    assert thin[0].get_x() == pytest.approx(0.098805, abs=1e-6)
+
+
+def test_compat_rows_are_labelled(tmp_path: Path) -> None:
+    r = runs.load(compat_copy(tmp_path))
+    assert not r.emulated
+    fig = figures.bandwidth_vs_tensor_size(r)
+    got = [ln.get_label() for ln in labelled(fig.get_axes()[0])]
+    assert got == ["gds [compat]", "cpu-single", "cpu-double", "torch-save", "dcp"]
+    assert "NOT GPUDirect Storage" in fig.get_supxlabel()
+    _, rows = stats.summary_rows(stats.summary_table(r))
+    assert {row[3] for row in rows if row[2] == "gds"} == {"COMPAT"}
+    assert {row[3] for row in rows if row[2] != "gds"} == {"-"}
+    assert (
+        "gds rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage."
+        in report.warnings_for(r)
+    )
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def test_report_writes_every_file(built: report.Report) -> None:
+    out = Path(built.outdir)
+    for stem in figures.FIGURES:
+        assert (out / f"{stem}.png").stat().st_size > 10_000
+        assert (out / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
+    for name in ("summary.csv", "report.md", "report.html"):
+        assert (out / name).is_file()
+    assert len(built.paths) == 13
+    assert built.seconds < 30
+
+
+def test_report_md_content(built: report.Report) -> None:
+    md = (Path(built.outdir) / "report.md").read_text()
+    assert md.startswith("# ckptbench report: 20261202T160516Z-default-b10c3b\n")
+    assert "> **HOST-EMULATED run (no GPU)" in md
+    assert (
+        "> **gds rows are a host emulation (O_DIRECT from host memory), NOT GPUDirect Storage.**"
+        in md
+    )
+    assert "All targets share one device: SSD-count scaling on this run is not real scaling." in md
+    assert "## Is GDS worth it here?" in md
+    assert "Figure 4 (feasibility) answers the question" in md
+    assert "| dgx-h100-gen4 | 52.77 | 3.80 | 1 | 13.89 | 14 (13.89) |" in md
+    assert "| this-machine | 8.61 | 3.02 | 1 | 2.85 | never (one shared device) |" in md
+    assert "No device ceilings in env.json: no efficiency column." in md
+    # the summary row checked number by number in test_summary_table_numbers
+    assert ("| synthetic-1GiB-256MiB | 1 | cpu-single | EMULATED | 3 | 2.58 | 0.10 | 0.0911 | "
+            "0.007 | 0.416 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |") in md  # fmt: skip
+    for stem in figures.FIGURES:
+        assert f"({stem}.png)" in md
+    assert "| gds | S / min(L, W(n)) | = stall | 0 |" in md
+    assert "### Model against measurement" in md
+    assert "| target 0 | scratch/bench/target-0: ext4 on /dev/vda" in md
+    html = (Path(built.outdir) / "report.html").read_text()
+    assert "<table>" in html and "src='feasibility.png'" in html
+
+
+def test_report_summary_csv_matches_table(built: report.Report, run: runs.Run) -> None:
+    csv = pd.read_csv(Path(built.outdir) / "summary.csv")
+    pd.testing.assert_frame_equal(csv[["workload", "n_targets", "engine", "n"]],
+                                  stats.summary_table(run)[["workload", "n_targets", "engine", "n"]],
+                                  check_dtype=False)  # fmt: skip
+    assert csv["stall_s"].tolist() == pytest.approx(built.summary["stall_s"].tolist())
+
+
+def test_model_vs_measured_rows(run: runs.Run) -> None:
+    this = model.from_run(run)
+    headers, rows = report.model_vs_measured(run, this)
+    assert headers[4:7] == ["stall s: model", "measured", "error %"]
+    assert len(rows) == 16
+    cs = next(r for r in rows if r[:3] == ["synthetic-1GiB-256MiB", "1", "cpu-single"])
+    predicted = S / this.d2h_Bps
+    assert cs[4] == stats.fmt(predicted)
+    assert cs[6] == f"{100 * (predicted - 0.091066) / 0.091066:+.0f}"
+
+
+def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(DEFAULT), "-o", str(tmp_path), "--figures-only"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 10 files" in out
+    assert "note: HOST-EMULATED run" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{s}.{e}" for s in figures.FIGURES for e in ("png", "pdf")
+    )
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ckptbench: error: ") and "no such run directory" in err
+    assert err.count("\n") == 1

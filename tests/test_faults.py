@@ -1,0 +1,226 @@
+"""Storage faults and interruptions during a sweep, injected for real: a full filesystem on a
+loop device, SIGINT to a running `ckptbench run`, `--resume`, and two runs sharing targets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from bench import config, manifest, runner
+from bench.engines import create
+from bench.errors import UserError
+from bench.verify import first_difference
+from bench.workloads import synthetic_state
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
+
+MiB = 1 << 20
+
+
+def _write_config(path: Path, **over: object) -> Path:
+    raw = {
+        "name": "faults",
+        "engines": ["cpu-single", "cpu-double", "gds"],
+        "total_sizes": ["16MiB"],
+        "tensor_sizes": ["1MiB"],
+        "ssd_counts": [1],
+        "repetitions": 1,
+        "warmups": 0,
+        "scratch": str(path.parent / "tg"),
+        "engine_options": {e: {"chunk_bytes": "1MiB"} for e in ("cpu-single", "cpu-double", "gds")},
+    }
+    raw.update(over)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# -- a full filesystem ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(scratch: Path) -> Iterator[Path]:
+    """A 96 MiB ext4 filesystem on a loop device (needs root and mkfs.ext4)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a loop filesystem")
+    if not shutil.which("mkfs.ext4"):
+        pytest.skip("mkfs.ext4 is not installed")
+    img, mnt = scratch / "fs.img", scratch / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(96 * MiB)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a loop filesystem here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _fill(fs: Path, leave: int) -> None:
+    """Take all but `leave` bytes of the filesystem with a filler file."""
+    free = shutil.disk_usage(fs).free
+    with open(fs / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, max(0, free - leave))
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("engine", ["cpu-single", "cpu-double", "gds"])
+def test_enospc_mid_write_removes_partial_files_and_keeps_the_old_checkpoint(small_fs, engine):
+    t = small_fs / "t0"
+    t.mkdir()
+    eng = create(engine, [str(t)], chunk_bytes="1MiB")
+    try:
+        old = synthetic_state(8 * MiB, MiB, seed=1)
+        eng.save(old, "x").wait()
+        _fill(small_fs, leave=12 * MiB)
+        with pytest.raises(OSError) as err:
+            eng.save(synthetic_state(32 * MiB, MiB, seed=2), "x").wait()
+        assert err.value.errno == 28  # ENOSPC
+        assert first_difference(old, eng.load("x")) is None
+        assert manifest.leftovers([str(t)], "x") == []
+        files = sorted(os.listdir(t / "x"))
+        assert [f for f in files if f.startswith("data-")] == [
+            manifest.data_file_name(0, manifest.committed([str(t)], "x").save_id)
+        ]
+    finally:
+        eng.close()
+
+
+@pytest.mark.root
+def test_preflight_refuses_a_sweep_that_does_not_fit(small_fs, scratch):
+    cfg = config.from_dict(
+        {
+            "engines": ["cpu-single"],
+            "total_sizes": ["256MiB"],
+            "tensor_sizes": ["1MiB"],
+            "targets": [str(small_fs)],
+        }
+    )
+    with pytest.raises(UserError) as err:
+        runner.Runner(cfg, str(scratch / "results"), quiet=True).run()
+    msg = str(err.value)
+    assert str(small_fs) in msg and "free" in msg and "needs" in msg and "256MiB" in msg
+    assert not (scratch / "results").exists() or not os.listdir(scratch / "results")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("on_error", ["continue", "stop"])
+def test_full_disk_mid_sweep_is_an_error_row(small_fs, scratch, monkeypatch, on_error):
+    """A case that fills the disk becomes an error row with its files removed; earlier rows stay,
+    and the sweep goes on or stops as `on_error` says."""
+    monkeypatch.setattr(runner, "check_space", lambda *a: None)  # let it run into the full disk
+    _fill(small_fs, leave=40 * MiB)
+    cfg = config.from_dict(
+        {
+            "engines": ["cpu-single"],
+            "total_sizes": ["8MiB", "64MiB", "16MiB"],
+            "tensor_sizes": ["1MiB"],
+            "targets": [str(small_fs)],
+            "repetitions": 1,
+            "warmups": 0,
+            "on_error": on_error,
+        }
+    )
+    r = runner.Runner(cfg, str(scratch / "results"), quiet=True)
+    if on_error == "stop":
+        with pytest.raises(UserError, match="stopped after a failed case"):
+            r.run()
+    else:
+        r.run()
+    rows = pd.read_csv(Path(r.run_dir) / "results.csv").fillna({"error": ""})
+    assert list(rows["workload"]) == (
+        ["synthetic-8MiB-1MiB", "synthetic-64MiB-1MiB"]
+        + (["synthetic-16MiB-1MiB"] if on_error == "continue" else [])
+    )
+    assert rows["verified"].tolist() == [True, False] + ([True] if on_error == "continue" else [])
+    assert "No space left on device" in rows["error"][1]
+    assert [p for p in small_fs.rglob("*") if p.is_file() and p.name != "filler"] == []
+
+
+# -- interruption and resume -----------------------------------------------------------------
+
+
+def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
+    cfg_path = _write_config(
+        scratch / "c.yaml", total_sizes=["32MiB"], tensor_sizes=["1MiB", "4MiB"], repetitions=3
+    )
+    out = scratch / "results"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    csv = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # interrupt once a few rows are on disk
+        found = list(out.glob("*/results.csv"))
+        if found and len(found[0].read_text().splitlines()) >= 4:
+            csv = found[0]
+            break
+        time.sleep(0.05)
+    assert csv is not None, "the run recorded no rows in 60 s"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert f"--resume {csv.parent}" in lines[0]
+    kept = pd.read_csv(csv)
+    assert 3 <= len(kept) < 18 and kept["verified"].all()
+    # The case in flight left nothing behind on the targets.
+    assert [f for f in (scratch / "tg").rglob("*") if f.is_file()] == []
+
+    # A changed config is refused; the same config finishes the run without redoing rows.
+    changed = subprocess.run(
+        [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "--resume", str(csv.parent),
+         "--set", "repetitions=4"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert changed.returncode == 2
+    assert "the config changed since that run (repetitions: 3 then, 4 now)" in changed.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "--resume", str(csv.parent)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(csv)
+    assert len(rows) == 18 and rows["verified"].all()
+    assert rows.groupby(["case_id", "warmup", "rep"]).size().max() == 1
+    assert rows.iloc[: len(kept)].equals(kept)  # the rows from before are untouched
+
+
+def test_resume_of_something_that_is_not_a_run(scratch):
+    cfg = config.from_dict(
+        {"engines": ["cpu-single"], "total_sizes": ["8MiB"], "tensor_sizes": ["1MiB"],
+         "scratch": str(scratch / "tg")}
+    )  # fmt: skip
+    with pytest.raises(UserError, match=r"--resume .*: not a run directory"):
+        runner.Runner(cfg, str(scratch), quiet=True, resume=str(scratch)).run()
+
+
+def test_two_runs_on_the_same_targets_do_not_clobber_each_other(scratch):
+    cfg_path = _write_config(scratch / "c.yaml", total_sizes=["32MiB"], repetitions=4)
+    cmd = [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "-o", str(scratch / "r")]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in "ab"]
+    for p in procs:
+        p.communicate(timeout=180)
+        assert p.returncode == 0
+    runs = sorted((scratch / "r").iterdir())
+    assert len(runs) == 2
+    for run in runs:
+        rows = pd.read_csv(run / "results.csv")
+        assert len(rows) == 12 and rows["verified"].all()
