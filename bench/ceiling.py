@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench import odirect
+from bench import odirect, pacing
 from bench.devices import Device
 
 
@@ -56,15 +56,31 @@ def _remove(paths: list[str]) -> None:
             pass
 
 
-def fio_write(targets: list[str], file_bytes: int, block: int, direct: bool, depth: int) -> float:
-    """Aggregate write bandwidth of fio writing one file per target at once (bytes/s)."""
+def fio_write(
+    targets: list[str],
+    file_bytes: int,
+    block: int,
+    direct: bool,
+    depth: int,
+    caps: list[int | None] | None = None,
+) -> float:
+    """Aggregate write bandwidth of fio writing one file per target at once (bytes/s); a capped
+    target gets fio's `rate` limit."""
     files = _scratch_files(targets)
-    cmd = ["fio", "--output-format=json", "--group_reporting=1", "--end_fsync=1"]
+    # fallocate=none: the engines write new files without preallocating, and so does fio here.
+    cmd = [
+        "fio",
+        "--output-format=json",
+        "--group_reporting=1",
+        "--end_fsync=1",
+        "--fallocate=none",
+    ]
     common = ["--rw=write", f"--bs={block}", f"--size={file_bytes}", f"--direct={int(direct)}",
               f"--ioengine={'libaio' if direct else 'psync'}", f"--iodepth={depth if direct else 1}",
               "--thread=1"]  # fmt: skip
     for i, f in enumerate(files):
-        cmd += [f"--name=t{i}", f"--filename={f}", *common]
+        cap = caps[i] if caps else None
+        cmd += [f"--name=t{i}", f"--filename={f}", *common, *([f"--rate={cap}"] if cap else [])]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if out.returncode:
@@ -76,7 +92,12 @@ def fio_write(targets: list[str], file_bytes: int, block: int, direct: bool, dep
 
 
 def builtin_write(
-    targets: list[str], file_bytes: int, block: int, direct: bool, depth: int
+    targets: list[str],
+    file_bytes: int,
+    block: int,
+    direct: bool,
+    depth: int,
+    caps: list[int | None] | None = None,
 ) -> float:
     """The same measurement without fio: `depth` threads per target issuing `block`-sized
     pwrites from a pre-faulted aligned buffer (O_DIRECT), or one buffered writer per target,
@@ -89,11 +110,17 @@ def builtin_write(
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
     fds = [os.open(f, flags, 0o644) for f in files]
     workers = len(fds) * (depth if direct else 1)
+    buckets = [pacing.TokenBucket(c, block) if c else None for c in (caps or [None] * len(fds))]
+
+    def write(i: int, j: int) -> None:
+        if buckets[i] is not None:
+            buckets[i].take(block)
+        odirect.pwrite_all(fds[i], view, j * block)
+
     try:
         t0 = time.perf_counter_ns()
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            jobs = [pool.submit(odirect.pwrite_all, fd, view, j * block)
-                    for j in range(n_blocks) for fd in fds]  # fmt: skip
+            jobs = [pool.submit(write, i, j) for j in range(n_blocks) for i in range(len(fds))]
             for j in jobs:
                 j.result()
             list(pool.map(os.fsync, fds))
@@ -141,8 +168,12 @@ def measure(
     device: Device,
     use_fio: bool = True,
     drop: Any = None,
+    caps: list[int | None] | None = None,
 ) -> dict[str, Any]:
-    """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H)."""
+    """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H).
+
+    `drop` (if given) is called before each storage measurement to empty the page cache.
+    """
     version = fio_version() if use_fio else None
     write = fio_write if version else builtin_write
     per_n: dict[str, dict[str, float]] = {}
@@ -152,7 +183,7 @@ def measure(
         for mode, direct in (("direct_write_Bps", True), ("buffered_write_Bps", False)):
             if drop:
                 drop()
-            row[mode] = write(targets[:n], share, block, direct, depth)
+            row[mode] = write(targets[:n], share, block, direct, depth, caps[:n] if caps else None)
         per_n[str(n)] = row
     return {
         "tool": version or "builtin",

@@ -29,7 +29,15 @@ def _size(v: Any) -> int:
         raise ValueError(str(e).removeprefix("value: ")) from None
 
 
+def _rate(v: Any) -> int:
+    """A bandwidth: a size per second ("400MB/s", "1GiB/s") or a plain number of bytes/s."""
+    if isinstance(v, str) and v.strip().endswith("/s"):
+        v = v.strip()[:-2]
+    return _size(v)
+
+
 Size = Annotated[int, BeforeValidator(_size)]
+Rate = Annotated[int, BeforeValidator(_rate)]
 PosInt = Annotated[int, Field(gt=0)]
 
 
@@ -47,6 +55,21 @@ class ModelSpec(_Strict):
     rank: Annotated[int, Field(ge=0)] = 0
 
 
+class TargetSpec(_Strict):
+    """A target directory, optionally capped to emulate a slower SSD."""
+
+    path: str
+    max_write_bw: Rate | None = None  # bytes/s, paced by the writers (token bucket)
+
+
+class CeilingSpec(_Strict):
+    """How device ceilings are measured before the sweep (see bench.ceiling)."""
+
+    enabled: bool = True
+    tool: Literal["auto", "fio", "builtin"] = "auto"  # auto: fio when installed
+    queue_depth: PosInt = 8
+
+
 class Config(_Strict):
     """One sweep. Sizes are bytes after validation."""
 
@@ -57,7 +80,8 @@ class Config(_Strict):
     dtype: str = "float32"
     models: list[ModelSpec] = []
     ssd_counts: Annotated[list[PosInt], Field(min_length=1)] = [1]
-    targets: list[str] = []
+    targets: list[TargetSpec] = []
+    max_write_bw: Rate | None = None  # cap for every target without its own
     scratch: str = "scratch/bench"
     repetitions: PosInt = 3
     warmups: Annotated[int, Field(ge=0)] = 1
@@ -66,6 +90,7 @@ class Config(_Strict):
     verify: bool = True
     on_error: Literal["continue", "stop"] = "continue"
     engine_options: dict[str, dict[str, Any]] = {}
+    ceilings: CeilingSpec = CeilingSpec()
 
     def synthetic_cases(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(total, tensor) pairs to run, and those skipped because tensor > total."""
@@ -78,9 +103,15 @@ class Config(_Strict):
     def resolved_targets(self) -> list[str]:
         """The targets: as given, or `scratch/target-i` for as many as the largest SSD count."""
         if self.targets:
-            return [os.path.abspath(t) for t in self.targets]
+            return [os.path.abspath(t.path) for t in self.targets]
         return [os.path.abspath(os.path.join(self.scratch, f"target-{i}"))
                 for i in range(max(self.ssd_counts))]  # fmt: skip
+
+    def target_caps(self) -> list[int | None]:
+        """Write-bandwidth cap of each resolved target (None: uncapped)."""
+        if self.targets:
+            return [t.max_write_bw or self.max_write_bw for t in self.targets]
+        return [self.max_write_bw] * max(self.ssd_counts)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -166,9 +197,11 @@ def _set(raw: dict[str, Any], assignment: str) -> None:
 def from_dict(raw: Any, where: str = "config") -> Config:
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
-    # A model given as a bare name is a preset with its defaults.
+    # A model given as a bare name is a preset with its defaults; a target as a bare path.
     if isinstance(raw.get("models"), list):
         raw = {**raw, "models": [{"preset": m} if isinstance(m, str) else m for m in raw["models"]]}
+    if isinstance(raw.get("targets"), list):
+        raw = {**raw, "targets": [{"path": t} if isinstance(t, str) else t for t in raw["targets"]]}
     try:
         cfg = Config(**raw)
     except ValidationError as e:
@@ -213,6 +246,7 @@ def resolved(cfg: Config) -> dict[str, Any]:
     """The fully resolved config, as stored with the results (sizes in bytes, targets absolute)."""
     d = cfg.model_dump()
     d["targets"] = cfg.resolved_targets()
+    d["target_caps"] = cfg.target_caps()
     d["engine_options"] = {
         e: dataclasses.asdict(build_options(REGISTRY[e].Options, e, cfg.engine_options.get(e, {})))
         for e in cfg.engines

@@ -18,8 +18,8 @@ COLUMNS = [
     "total_bytes", "tensor_bytes", "n_tensors", "n_targets", "targets_used", "rep", "warmup",
     "stall_s", "persist_s", "total_s", "restore_s", "hash_s", "wait_prev_s",
     "pinned_bytes", "page_cache_peak_bytes", "rss_peak_bytes", "cpu_user_s", "cpu_sys_s",
-    "checksums", "staging_grew", "copied_tensors", "cache_dropped", "dtype", "options",
-    "verified", "error",
+    "checksums", "staging_grew", "copied_tensors", "cache_dropped", "dtype", "options", "capped",
+    "persist_efficiency", "snapshot_efficiency", "verified", "error",
 ]  # fmt: skip
 
 

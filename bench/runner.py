@@ -23,8 +23,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from bench import ceiling, devices, env, measure, odirect, results, sizes, verify
 from bench import config as config_mod
-from bench import devices, env, measure, odirect, results, sizes, verify
 from bench.engines import REGISTRY, create
 from bench.errors import UserError
 from bench.workloads import model_state, synthetic_state
@@ -109,12 +109,42 @@ def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload])
             )
 
 
-def _options(cfg: config_mod.Config, engine: str) -> dict[str, Any]:
+def _options(cfg: config_mod.Config, engine: str, n_targets: int) -> dict[str, Any]:
     opts = dict(cfg.engine_options.get(engine, {}))
     fields = {f.name for f in dataclasses.fields(REGISTRY[engine].Options)}
     if "device" in fields and "device" not in opts:
         opts["device"] = cfg.device
+    caps = cfg.target_caps()[:n_targets]
+    if "max_write_bw" in fields and any(caps):
+        opts["max_write_bw"] = caps
     return opts
+
+
+PERSIST_CEILING = {"cpu-single": "direct_write_Bps", "gds": "direct_write_Bps",
+                   "cpu-double": "buffered_write_Bps", "torch-save": "buffered_write_Bps",
+                   "dcp": "buffered_write_Bps"}  # fmt: skip
+
+
+def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None) -> tuple[Any, Any]:
+    """(persist, snapshot) efficiency of a row against the run's ceilings, or None.
+
+    Persist: bytes / persist_s (total_s for the synchronous engines) over the direct ceiling
+    (cpu-single, gds) or the buffered one (cpu-double and the baselines). Snapshot: bytes /
+    stall_s of the CPU paths over the copy ceiling (device-to-host on CUDA).
+    """
+    if not ceilings or not row.get("total_s"):
+        return None, None
+    c = ceilings["per_ssd_count"].get(str(row["n_targets"]))
+    key = PERSIST_CEILING.get(row["engine"])
+    persist = None
+    if c and key:
+        t = row["persist_s"] if row["persist_s"] and row["persist_s"] > 0 else row["total_s"]
+        persist = round(row["total_bytes"] / t / c[key], 4)
+    snapshot = None
+    copy = ceilings.get("d2h_Bps") or ceilings.get("copy_Bps")
+    if row["engine"] in ("cpu-single", "cpu-double") and copy and row["stall_s"]:
+        snapshot = round(row["total_bytes"] / row["stall_s"] / copy, 4)
+    return persist, snapshot
 
 
 def _tensor_stats(state: Any) -> tuple[int, int]:
@@ -177,6 +207,9 @@ class Runner:
         if drop_reason:
             self.notes.append(f"page cache not dropped between cases: {drop_reason}")
             self.log(f"warning: {drop_reason}")
+        if cfg.ceilings.enabled and "ceilings" not in envb:
+            envb["ceilings"] = self._ceilings(targets, wls)
+        self.ceilings = envb.get("ceilings")
         envb["notes"] = sorted(set(envb.get("notes", []) + self.notes))
         results.write_json(os.path.join(self.run_dir, "env.json"), envb)
         self.writer = results.RowWriter(os.path.join(self.run_dir, "results.csv"))
@@ -193,6 +226,30 @@ class Runner:
             self.bar.close()
             self.writer.close()
         return self.run_dir
+
+    def _ceilings(self, targets: list[str], wls: list[Workload]) -> dict[str, Any] | None:
+        """Measure the device ceilings for this sweep (see bench.ceiling)."""
+        cfg = self.cfg
+        spec = cfg.ceilings
+        if spec.tool == "fio" and not ceiling.fio_version():
+            raise UserError(
+                "ceilings.tool: fio is not installed (apt-get install fio, or use auto)"
+            )
+        sizes_ = [w.total_bytes for w in wls if w.kind == "synthetic"]
+        largest = max(sizes_, default=1 << 30)
+        opts = config_mod.resolved(cfg)["engine_options"]
+        block = next((opts[e]["chunk_bytes"] for e in ("cpu-single", "cpu-double", "gds")
+                      if e in opts), 16 << 20)  # fmt: skip
+        self.log("measuring device ceilings (storage with "
+                 f"{'fio' if spec.tool != 'builtin' and ceiling.fio_version() else 'built-in probe'}, "
+                 "memory copy)")  # fmt: skip
+        drop = measure.drop_page_cache if self.cache_dropped else None
+        out = ceiling.measure(targets, cfg.ssd_counts, largest, block, spec.queue_depth,
+                              self.device, use_fio=spec.tool != "builtin", drop=drop,
+                              caps=cfg.target_caps())  # fmt: skip
+        if drop:
+            drop()
+        return out
 
     def _resume_from(self, run_dir: str) -> dict[str, Any]:
         """Continue `run_dir`: same config (else refuse), skip the rows already recorded."""
@@ -234,7 +291,7 @@ class Runner:
     def _run_targets(self, targets: list[str], wls: list[Workload]) -> None:
         cfg = self.cfg
         names = self.engines_at(len(targets))
-        engines = {e: create(e, targets, **_options(cfg, e)) for e in names}
+        engines = {e: create(e, targets, **_options(cfg, e, len(targets))) for e in names}
         try:
             for w in wls:
                 todo = [
@@ -294,6 +351,8 @@ class Runner:
             "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
             "cache_dropped": self.cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
             "options": json.dumps(dataclasses.asdict(opts), sort_keys=True) if opts else "{}",
+            "capped": any(cfg.target_caps()[:n_targets]) and REGISTRY[engine].stripes,
+            "persist_efficiency": None, "snapshot_efficiency": None,
             "verified": False, "error": "",
         }  # fmt: skip
         sampler = measure.Sampler()
@@ -310,6 +369,7 @@ class Runner:
                 checksums=res.checksums, staging_grew=res.staging_grew,
                 copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
             )  # fmt: skip
+            row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, self.ceilings)
             measure.evict_files(eng.cached_files(name))
             t0 = measure.now_ns()
             loaded = eng.load(name, device=str(self.device.torch_device))

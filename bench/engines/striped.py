@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bench import layout, manifest, odirect, sizes
+from bench import layout, manifest, odirect, pacing, sizes
 from bench.devices import detect
 from bench.engines.base import (
     PendingSave,
@@ -42,8 +42,16 @@ class StripedOptions:
     threads_per_target: int = 2  # writer threads per target
     checksums: bool = True  # xxh3 per tensor, computed on the persist path, checked on load
     device: str = "auto"  # where snapshots come from: auto, cuda or host-emulated
+    # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
+    # list with one per target (None: uncapped). Paced per target by a token bucket.
+    max_write_bw: Any = None
 
     def __post_init__(self) -> None:
+        caps = self.max_write_bw
+        if caps is not None:
+            one = not isinstance(caps, list | tuple)
+            parsed = tuple(None if c is None else _rate(c) for c in ([caps] if one else caps))
+            object.__setattr__(self, "max_write_bw", parsed[0] if one else parsed)
         chunk = sizes.parse_size(self.chunk_bytes, "chunk_bytes")
         if chunk % odirect.ALIGN:
             raise ValueError(f"chunk_bytes must be a multiple of {odirect.ALIGN}, got {chunk}")
@@ -58,6 +66,15 @@ class StripedOptions:
 
 def _now() -> int:
     return time.perf_counter_ns()
+
+
+def _rate(v: Any) -> int:
+    if isinstance(v, str) and v.strip().endswith("/s"):
+        v = v.strip()[:-2]
+    try:
+        return sizes.parse_size(v, "max_write_bw")
+    except UserError as e:
+        raise ValueError(str(e)) from None
 
 
 class StripedEngine:
@@ -84,6 +101,15 @@ class StripedEngine:
         n_threads = self.options.threads_per_target * len(self.targets)
         self._pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"{self.name}-io")
         self._pending: PendingSave | None = None
+        caps = self.options.max_write_bw
+        if isinstance(caps, tuple) and len(caps) != len(self.targets):
+            raise UserError(
+                f"engine {self.name}: max_write_bw lists {len(caps)} caps for "
+                f"{len(self.targets)} targets"
+            )
+        caps = caps if isinstance(caps, tuple) else (caps,) * len(self.targets)
+        burst = self.options.chunk_bytes
+        self._buckets = [pacing.TokenBucket(c, burst) if c else None for c in caps]
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -165,8 +191,7 @@ class StripedEngine:
                 path = layout.data_file(self.targets, name, t, result.save_id)
                 fds[t] = os.open(path, flags, 0o644)
             futures: list[Future] = [
-                self._pool.submit(layout.write_piece, fds[p.target], p, self.o_direct)
-                for p in pieces
+                self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces
             ]
             if self.options.checksums:
                 h0 = _now()
@@ -184,6 +209,13 @@ class StripedEngine:
             for fd in fds.values():
                 os.close(fd)
         self._commit(result, tree, entries, file_bytes)
+
+    def _write_piece(self, fd: int, piece: layout.Piece) -> None:
+        """One piece, paced when its target carries a write-bandwidth cap."""
+        bucket = self._buckets[piece.target]
+        if bucket is not None:
+            bucket.take(piece.length)
+        layout.write_piece(fd, piece, self.o_direct)
 
     def _commit(
         self,
