@@ -31,9 +31,13 @@ def _size(v: Any) -> int:
 
 def _rate(v: Any) -> int:
     """A bandwidth: a size per second ("400MB/s", "1GiB/s") or a plain number of bytes/s."""
-    if isinstance(v, str) and v.strip().endswith("/s"):
-        v = v.strip()[:-2]
-    return _size(v)
+    text = v.strip()[:-2] if isinstance(v, str) and v.strip().endswith("/s") else v
+    try:
+        return _size(text)
+    except ValueError:
+        raise ValueError(
+            f"cannot read {v!r} as a bandwidth; use bytes per second such as 400MB/s or 2GiB/s"
+        ) from None
 
 
 Size = Annotated[int, BeforeValidator(_size)]

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import xxhash
 
 from bench import layout, manifest, odirect, pacing, sizes
 from bench.devices import detect
@@ -42,6 +43,8 @@ class StripedOptions:
     threads_per_target: int = 2  # writer threads per target
     checksums: bool = True  # xxh3 per tensor, computed on the persist path, checked on load
     device: str = "auto"  # where snapshots come from: auto, cuda or host-emulated
+    # Bounded staging (CPU paths): a ring of this many chunks instead of the whole state; 0: off.
+    staging_chunks: int = 0
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Any = None
@@ -59,6 +62,10 @@ class StripedOptions:
         if not isinstance(self.threads_per_target, int) or self.threads_per_target < 1:
             raise ValueError(
                 f"threads_per_target must be a positive integer, got {self.threads_per_target!r}"
+            )
+        if not isinstance(self.staging_chunks, int) or self.staging_chunks < 0:
+            raise ValueError(
+                f"staging_chunks must be 0 (off) or a positive integer, got {self.staging_chunks!r}"
             )
         if not isinstance(self.checksums, bool):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
@@ -184,30 +191,67 @@ class StripedEngine:
         hash_views: list[np.ndarray],
     ) -> None:
         """Write every piece, hash, fsync files and directories, then commit the manifest."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.o_direct else 0)
-        fds: dict[int, int] = {}
+        fds = self._open(result, file_bytes)
+        futures: list[Future] = []
         try:
-            for t in file_bytes:
-                path = layout.data_file(self.targets, name, t, result.save_id)
-                fds[t] = os.open(path, flags, 0o644)
-            futures: list[Future] = [
-                self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces
-            ]
+            futures = [self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces]
             if self.options.checksums:
                 h0 = _now()
                 for e, view in zip(entries, hash_views, strict=True):
                     e.xxh3 = manifest.checksum(view)
                 result.hash_s = (_now() - h0) / 1e9
+        except BaseException:
+            self._close(fds, futures)
+            raise
+        self._drain(result, tree, entries, fds, futures, file_bytes)
+
+    def _open(self, result: SaveResult, file_bytes: dict[int, int]) -> dict[int, int]:
+        """Open this save's data file on every target that gets data."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.o_direct else 0)
+        fds: dict[int, int] = {}
+        try:
+            for t in file_bytes:
+                path = layout.data_file(self.targets, result.name, t, result.save_id)
+                fds[t] = os.open(path, flags, 0o644)
+        except BaseException:
+            self._close(fds, [])
+            raise
+        return fds
+
+    @staticmethod
+    def _close(fds: dict[int, int], futures: list[Future]) -> None:
+        """Close the files once no write is in flight (a write on a reused descriptor could land
+        in another file)."""
+        for f in futures:
+            if f is not None:
+                try:
+                    f.result()
+                except BaseException:  # noqa: BLE001, S110 - the first error is raised by the caller
+                    pass
+        for fd in fds.values():
+            os.close(fd)
+
+    def _drain(
+        self,
+        result: SaveResult,
+        tree: Any,
+        entries: list[manifest.TensorEntry],
+        fds: dict[int, int],
+        futures: list[Future],
+        file_bytes: dict[int, int],
+    ) -> None:
+        """Wait for the writes, trim the padding, fsync, close, then commit the manifest."""
+        try:
             for f in futures:
-                f.result()
+                if f is not None:
+                    f.result()
             for t, fd in fds.items():
                 # O_DIRECT pads the last block; the file keeps exactly its data.
                 if os.fstat(fd).st_size != file_bytes[t]:
                     os.ftruncate(fd, file_bytes[t])
             list(self._pool.map(os.fsync, fds.values()))
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            self._close(fds, futures)
         self._commit(result, tree, entries, file_bytes)
 
     def _write_piece(self, fd: int, piece: layout.Piece) -> None:
@@ -303,13 +347,20 @@ class StripedEngine:
 class SnapshotEngine(StripedEngine):
     """cpu-double and cpu-single: snapshot into staging (the stall), persist in the background."""
 
+    def _staging_need(self, used: int) -> int:
+        k = self.options.staging_chunks
+        return min(used, k * self.options.chunk_bytes) if k else used
+
     def warm(self, state: Any) -> None:
         _, tensors = manifest.flatten(state)
         entries = [manifest.tensor_entry(p, t) for p, t in tensors]
         self.wait_idle()
-        self.staging.ensure(layout.pack_offsets(entries)[1])
+        self.staging.ensure(self._staging_need(layout.pack_offsets(entries)[1]))
 
     def _save(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
+        if self.options.staging_chunks:
+            self._save_ring(pending, tree, tensors, entries)
+            return
         result = pending.result
         offsets, used = layout.pack_offsets(entries)
         result.staging_grew = self.staging.ensure(used)
@@ -329,4 +380,65 @@ class SnapshotEngine(StripedEngine):
         name = result.name
         self._in_background(
             pending, lambda: self._persist(result, name, tree, entries, pieces, file_bytes, views)
+        )
+
+    def _save_ring(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
+        """Bounded staging: a ring of K chunk buffers. Each chunk of the packed stream is copied
+        into a free slot and written at once; save() returns when the last chunk is copied, so
+        host memory is K x chunk and the stall grows toward the write time as K shrinks.
+        Checksums are updated chunk by chunk in the copying thread (inside the stall)."""
+        result = pending.result
+        k, chunk, n = self.options.staging_chunks, self.options.chunk_bytes, len(self.targets)
+        offsets, used = layout.pack_offsets(entries)
+        result.staging_grew = self.staging.ensure(self._staging_need(used))
+        _, file_bytes = layout.packed(self.staging.array, used, entries, offsets, n, chunk)
+        srcs = []
+        for _, t in tensors:
+            src = t.detach()
+            if not src.is_contiguous():
+                src = src.contiguous()
+                result.copied_tensors += 1
+            srcs.append(src.reshape(-1).view(torch.uint8) if src.numel() else None)
+        hashers = [xxhash.xxh3_64() for _ in entries] if self.options.checksums else None
+        ring, ring_arr = self.staging.tensor, self.staging.array
+        slots: list[Future | None] = [None] * k
+        fds = self._open(result, file_bytes)
+        hash_ns, first = 0, 0
+        try:
+            for j in range(-(-used // chunk)):
+                lo, hi = j * chunk, min((j + 1) * chunk, used)
+                base = (j % k) * chunk
+                if slots[j % k] is not None:
+                    slots[j % k].result()  # the slot's previous chunk is on its way to disk
+                while first < len(entries) and offsets[first] + entries[first].nbytes <= lo:
+                    first += 1
+                spans = []
+                for i in range(first, len(entries)):
+                    if offsets[i] >= hi:
+                        break
+                    a, b = max(lo, offsets[i]), min(hi, offsets[i] + entries[i].nbytes)
+                    if b > a:
+                        src = srcs[i][a - offsets[i] : b - offsets[i]]
+                        ring[base + a - lo : base + b - lo].copy_(src, non_blocking=True)
+                        spans.append((i, base + a - lo, base + b - lo))
+                self.device.synchronize()
+                if hashers is not None:
+                    h0 = _now()
+                    for i, a, b in spans:
+                        hashers[i].update(ring_arr[a:b])
+                    hash_ns += _now() - h0
+                piece = layout.Piece(j % n, (j // n) * chunk, ring_arr, base, hi - lo)
+                slots[j % k] = self._pool.submit(self._write_piece, fds[piece.target], piece)
+        except BaseException:
+            self._close(fds, [f for f in slots if f is not None])
+            raise
+        if hashers is not None:
+            for e, h in zip(entries, hashers, strict=True):
+                e.xxh3 = h.hexdigest()
+        result.hash_s = hash_ns / 1e9
+        result.pinned_bytes = self.staging.pinned_bytes
+        result.stall_s = (_now() - pending.t0_ns) / 1e9
+        futures = [f for f in slots if f is not None]
+        self._in_background(
+            pending, lambda: self._drain(result, tree, entries, fds, futures, file_bytes)
         )
