@@ -75,3 +75,27 @@ plots: $(BIN)/.installed
 report: $(BIN)/.installed
 	@test -n "$(RUN_DIR)" || { echo "no run under results/: run make bench first"; exit 2; }
 	$(BIN)/ckptbench report $(RUN_DIR)
+
+# Hot-path micro-benchmarks (tests/perf/bench_*.py, pytest-benchmark), under a minute; not part
+# of `make test` (its collection matches test_*.py only). `make perf` runs them and saves the run
+# under .benchmarks/; `make perf-compare` runs them again and compares with the latest saved run
+# without saving (PERF_BASELINE=0003 for another; PERF_FAIL=median:20% to fail on a regression).
+PERF_BASELINE ?=
+PERF_FAIL     ?=
+PERF_PYTEST    = $(BIN)/pytest tests/perf -o python_files='bench_*.py' -q \
+	--benchmark-columns=min,median,max,ops,rounds --benchmark-sort=name
+.PHONY: perf perf-compare
+
+perf: $(BIN)/.installed
+	$(PERF_PYTEST) --benchmark-autosave $(ARGS)
+
+perf-compare: $(BIN)/.installed
+	@test -n "$(wildcard .benchmarks/*/*.json)" || { echo "no saved run under .benchmarks/: run make perf first"; exit 2; }
+	$(PERF_PYTEST) --benchmark-compare$(if $(PERF_BASELINE),=$(PERF_BASELINE)) \
+		$(if $(PERF_FAIL),--benchmark-compare-fail=$(PERF_FAIL)) $(ARGS)
+
+# The training-loop stall (configs/training.yaml): step-time inflation of a real AdamW loop
+# checkpointed through each engine, in results/<run-id>/; `ckptbench report` draws its figure.
+.PHONY: train
+train: $(BIN)/.installed
+	$(BIN)/ckptbench train configs/training.yaml $(ARGS)

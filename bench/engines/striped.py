@@ -344,6 +344,11 @@ class StripedEngine:
         return self.staging.pinned_bytes
 
 
+def _host_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of a contiguous host tensor as a flat uint8 array (no copy)."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
 class SnapshotEngine(StripedEngine):
     """cpu-double and cpu-single: snapshot into staging (the stall), persist in the background."""
 
@@ -364,9 +369,16 @@ class SnapshotEngine(StripedEngine):
         result = pending.result
         offsets, used = layout.pack_offsets(entries)
         result.staging_grew = self.staging.ensure(used)
-        staging = self.staging.tensor
+        staging, arr = self.staging.tensor, self.staging.array
         for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
-            if e.nbytes:
+            if not e.nbytes:
+                continue
+            if t.device.type == "cpu" and t.is_contiguous():
+                # One plain memcpy per tensor: torch's parallel copy_ ends each tensor with a
+                # thread barrier, which stretches the stall badly when another process holds
+                # a core (measured: 64 x 4 MiB took 155 ms instead of 33 ms on a busy 2-core host).
+                np.copyto(arr[off : off + e.nbytes], _host_bytes(t))
+            else:
                 dst = staging[off : off + e.nbytes].view(t.dtype).view(t.shape)
                 dst.copy_(t, non_blocking=True)
         self.device.synchronize()
@@ -419,7 +431,10 @@ class SnapshotEngine(StripedEngine):
                     a, b = max(lo, offsets[i]), min(hi, offsets[i] + entries[i].nbytes)
                     if b > a:
                         src = srcs[i][a - offsets[i] : b - offsets[i]]
-                        ring[base + a - lo : base + b - lo].copy_(src, non_blocking=True)
+                        if src.device.type == "cpu":
+                            np.copyto(ring_arr[base + a - lo : base + b - lo], src.numpy())
+                        else:
+                            ring[base + a - lo : base + b - lo].copy_(src, non_blocking=True)
                         spans.append((i, base + a - lo, base + b - lo))
                 self.device.synchronize()
                 if hashers is not None:
