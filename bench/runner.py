@@ -399,7 +399,8 @@ class Runner:
 
 
 def summary(run_dir: str) -> pd.DataFrame:
-    """Median write GB/s, stall and page-cache growth per engine x workload x SSD count."""
+    """Median write GB/s, stall and page-cache growth per engine x workload x SSD count; with
+    the persist and snapshot efficiencies when the run measured its ceilings."""
     df = results.read_rows(run_dir)
     df = df[(~df["warmup"].astype(bool)) & (df["error"].isna() | (df["error"] == ""))]
     if df.empty:
@@ -410,14 +411,39 @@ def summary(run_dir: str) -> pd.DataFrame:
         cache_pct=100 * df["page_cache_peak_bytes"] / df["total_bytes"],
     )
     g = df.groupby(["workload", "n_targets", "engine"], sort=False)
-    out = g.agg(
-        n=("rep", "size"), write_GBps=("write_GBps", "median"), stall_s=("stall_s", "median"),
-        total_s=("total_s", "median"), restore_GBps=("restore_GBps", "median"),
-        cache_pct=("cache_pct", "median"), gds_mode=("gds_mode", "first"),
-    )  # fmt: skip
-    return out.round(
-        {"write_GBps": 2, "stall_s": 3, "total_s": 3, "restore_GBps": 2, "cache_pct": 1}
-    )
+    cols = {
+        "n": ("rep", "size"), "write_GBps": ("write_GBps", "median"),
+        "stall_s": ("stall_s", "median"), "total_s": ("total_s", "median"),
+        "restore_GBps": ("restore_GBps", "median"), "cache_pct": ("cache_pct", "median"),
+        "gds_mode": ("gds_mode", "first"),
+    }  # fmt: skip
+    if df["persist_efficiency"].notna().any():
+        cols["persist_eff"] = ("persist_efficiency", "median")
+        cols["snapshot_eff"] = ("snapshot_efficiency", "median")
+    out = g.agg(**cols)
+    return out.round({"write_GBps": 2, "stall_s": 3, "total_s": 3, "restore_GBps": 2,
+                      "cache_pct": 1, "persist_eff": 2, "snapshot_eff": 2})  # fmt: skip
+
+
+def ceiling_lines(run_dir: str) -> list[str]:
+    """The run's device ceilings, one line per SSD count, for the terminal summary."""
+    import json  # noqa: PLC0415
+
+    with open(os.path.join(run_dir, "env.json")) as f:
+        c = json.load(f).get("ceilings")
+    if not c:
+        return []
+    head = (f"ceilings ({c['tool']}, {sizes.format_size(c['block_bytes'])} writes, queue depth "
+            f"{c['queue_depth']}): copy into a warm buffer {c['copy_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    if c.get("d2h_Bps"):
+        head += f", device-to-host {c['d2h_Bps'] / 1e9:.2f} GB/s"
+    lines = [head]
+    for n, v in c["per_ssd_count"].items():
+        lines.append(f"  {n} target(s): O_DIRECT {v['direct_write_Bps'] / 1e9:.2f} GB/s, "
+                     f"buffered + fsync {v['buffered_write_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    lines.append("  persist_eff: persist GB/s / the O_DIRECT (cpu-single, gds) or buffered "
+                 "(cpu-double, baselines) ceiling; snapshot_eff: snapshot GB/s / copy ceiling")  # fmt: skip
+    return lines
 
 
 def mode_notes(run_dir: str) -> list[str]:
