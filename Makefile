@@ -29,6 +29,10 @@ help:
 	@echo "make test     run the tests"
 	@echo "make engines  list the engines and whether each runs here"
 	@echo "make lint     ruff check + format check"
+	@echo "make report   figures and report.md of the latest run (make plots: figures only)"
+	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
+	@echo "make train    stall in a real training loop (configs/training.yaml)"
+	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
 
 $(BIN)/.installed: pyproject.toml
@@ -99,3 +103,8 @@ perf-compare: $(BIN)/.installed
 .PHONY: train
 train: $(BIN)/.installed
 	$(BIN)/ckptbench train configs/training.yaml $(ARGS)
+
+# Each engine next to the device's ceilings (fio when installed) on one target, with the ratios.
+.PHONY: ceiling
+ceiling: $(BIN)/.installed
+	$(BIN)/ckptbench run configs/ceiling.yaml $(ARGS)
