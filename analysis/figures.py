@@ -25,7 +25,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from analysis import model  # noqa: E402
+from analysis import contention as contention_mod  # noqa: E402
+from analysis import model, training  # noqa: E402
 from analysis.runs import Run, label, order_engines  # noqa: E402
 from analysis.stats import case_stats, median_row  # noqa: E402
 from bench.sizes import format_size  # noqa: E402
@@ -34,6 +35,7 @@ COL1, COL2 = 3.5, 7.1  # inches: one and two columns
 COLORS = {"gds": "#d62728", "cpu-single": "#1f77b4", "cpu-double": "#2ca02c",
           "torch-save": "#7f7f7f", "dcp": "#9467bd"}  # fmt: skip
 MARKERS = {"gds": "o", "cpu-single": "s", "cpu-double": "^", "torch-save": "D", "dcp": "v"}
+CONTENTION = "#ff7f0e"  # no engine's colour
 PROFILE_STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1))]
 STYLE = {
     "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
@@ -407,6 +409,181 @@ def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel:
     loud = " HOST-EMULATED rows: not GPU numbers." if any(r.emulated for r in runs) else ""
     fig.supxlabel(textwrap.fill(ids + "." + loud, 140), fontsize=5.5, x=0.0, ha="left",
                   color="#aa0000" if loud else "0.3")  # fmt: skip
+    return fig
+
+
+def _step_x(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Times (s from the loop's start) and step positions: step s spans x in [s-0.5, s+0.5]."""
+    st = steps.sort_values("step")
+    t = np.column_stack([st["t_start_s"], st["t_end_s"]]).ravel()
+    x = np.column_stack([st["step"] - 0.5, st["step"] + 0.5]).ravel()
+    return t, x
+
+
+@styled
+def training_stall(tr: training.TrainingRun) -> Figure:
+    """(a) step time against step number, one panel per engine (checkpoint steps marked, persist
+    windows shaded, `none`'s median dashed); (b) measured inflation per checkpoint beside the
+    engine's median stall_s."""
+    engines = tr.engines
+    ncols = 2 if len(engines) > 1 else 1
+    nrows = -(-len(engines) // ncols)
+    fig = Figure(figsize=(COL2, 1.35 * nrows + 2.9), layout="constrained")
+    top_fig, bot_fig = fig.subfigures(2, 1, height_ratios=[1.35 * nrows + 0.6, 2.3])
+    base = tr.steps.loc[tr.steps["engine"] == training.NONE, "step_s"]
+    base_med = float(base.median()) if len(base) else None
+    top = float(tr.steps["step_s"].max()) * 1.08
+    first = None
+    for i, e in enumerate(engines):
+        ax = top_fig.add_subplot(nrows, ncols, i + 1, sharex=first, sharey=first)
+        first = first or ax
+        st = tr.steps[tr.steps["engine"] == e].sort_values("step")
+        c = color(e) if e != training.NONE else "0.35"
+        t, x = _step_x(st)
+        for _, r in tr.timed_ckpts[tr.timed_ckpts["engine"] == e].iterrows():
+            x0, x1 = np.interp([r["t_return_s"], r["t_durable_s"]], t, x)
+            if x1 - x0 > 1e-6:
+                ax.axvspan(x0, x1, color=c, alpha=0.15, linewidth=0)
+        ax.plot(st["step"], st["step_s"], color=c, marker=".", markersize=2.5, linewidth=0.9,
+                label=tr.label(e))  # fmt: skip
+        ck = st[st["checkpoint"]]
+        if len(ck):
+            ax.plot(ck["step"], ck["step_s"], linestyle="none", marker="v", color="black",
+                    markersize=3.5, label="_checkpoint")  # fmt: skip
+        if base_med is not None:
+            ax.axhline(base_med, color="black", linestyle="--", linewidth=0.7, label="_none")
+        ax.set_title(tr.label(e), loc="left", pad=2)
+        ax.set_ylim(0, top)
+        if i % ncols == 0:
+            ax.set_ylabel("step time (s)")
+        if i >= len(engines) - ncols:
+            ax.set_xlabel("training step")
+    handles = [Line2D([], [], color="0.3", marker=".", linewidth=0.9, label="step time"),
+               Line2D([], [], linestyle="none", marker="v", color="black",
+                      label="step with a save() (stall inside)"),
+               Patch(facecolor="0.3", alpha=0.15, label="background persist running"),
+               Line2D([], [], color="black", linestyle="--", linewidth=0.7,
+                      label="median step time without checkpoints (none)")]  # fmt: skip
+    top_fig.legend(handles=handles, loc="outside lower center", ncols=4)
+    top_fig.suptitle("(a) step time against training step, one panel per engine", fontsize=8,
+                     x=0.0, ha="left")  # fmt: skip
+
+    bx = bot_fig.add_subplot(1, 1, 1)
+    table = training.summary(tr)
+    table = table[table["engine"] != training.NONE]
+    xs = np.arange(len(table))
+    w = 0.27
+    cols = [color(e) for e in table["engine"]]
+    bx.bar(xs - w, table["inflation_vs_none_s"], width=w, color=cols,
+           label="inflation vs none")  # fmt: skip
+    bx.bar(xs, table["save_step_s"], width=w, color=cols, alpha=0.55,
+           label="inflation vs quiet steps: the save() step")  # fmt: skip
+    bx.bar(xs, table["contention_s"], bottom=table["save_step_s"].clip(lower=0), width=w,
+           color=CONTENTION, label="inflation vs quiet steps: contention beside the persist")  # fmt: skip
+    bx.bar(xs + w, table["stall_s"], width=w, color=cols, alpha=0.45, hatch="///",
+           edgecolor="white", label="engine: median stall_s")  # fmt: skip
+    bx.axhline(0, color="black", linewidth=0.6)
+    bx.set_xticks(xs)
+    bx.set_xticklabels([lab.replace(" [", "\n[") for lab in table["label"]])
+    bx.set_ylabel("seconds per checkpoint")
+    bx.grid(axis="x", visible=False)
+    bx.legend(handles=[Patch(facecolor="0.3", label="inflation vs none: sum of step times - none's"),
+                       Patch(facecolor="0.3", alpha=0.55,
+                             label="inflation vs own quiet steps: the save() step"),
+                       Patch(facecolor=CONTENTION, label="  + contention beside the persist"),
+                       Patch(facecolor="0.3", alpha=0.45, hatch="///", edgecolor="white",
+                             label="engine: median stall_s")],
+              loc="upper left", ncols=2)  # fmt: skip
+    lo, hi = bx.get_ylim()
+    bx.set_ylim(lo, hi + 0.45 * (hi - lo))  # room for the legend above the bars
+    bx.set_title("(b) what training felt against what the engine reports", loc="left")
+    size = format_size(int(table["bytes"].max())) if len(table) and table["bytes"].max() else "?"
+    parts = [f"run {tr.run_id}; checkpoint {size} (params + AdamW states)"]
+    if tr.emulated:
+        parts.append("HOST-EMULATED (no GPU): the model trains in host memory; "
+                     "gds = O_DIRECT emulation, not GPUDirect Storage")  # fmt: skip
+    fig.supxlabel("\n".join(textwrap.fill(p, 120) for p in parts), fontsize=5.5, x=0.0,
+                  ha="left", color="#aa0000" if tr.emulated else "0.3")  # fmt: skip
+    return fig
+
+
+MAP_STYLES = {"shared": "-", "dedicated": "--", "dedicated-subfolders": "--"}
+
+
+@styled
+def contention(run: Run, prof: model.Profile | None) -> Figure:
+    """Many ranks at once (multi-rank runs): (a) stall (the slowest rank) and (b) aggregate write
+    bandwidth against the ranks checkpointing at once, one colour per engine, solid for shared
+    targets and dashed for dedicated ones, the model's fair share dotted."""
+    t = contention_mod.table(run, prof)
+    wl_sizes = t.groupby("workload")["total_bytes"].max() if len(t) else pd.Series(dtype=float)
+    wl = str(wl_sizes.idxmax()) if len(wl_sizes) else ""
+    t = t[t["workload"] == wl]
+    counts = sorted(int(x) for x in t["n_targets"].unique())[:3] or [1]
+    fig, axes = _new(COL2, 2.4 * len(counts) + 0.3, ncols=2, nrows=len(counts))
+    mappings = contention_mod.maps(t)
+    ceil = run.env.get("ceilings", {}) if isinstance(run.env.get("ceilings"), dict) else {}
+    for row, n in zip(axes, counts, strict=True):
+        ax, bx = row
+        if t.empty:
+            _empty(ax, "no multi-rank cases in this run")
+            _empty(bx, "no multi-rank cases in this run")
+            continue
+        ks = sorted(int(k) for k in t.loc[t["n_targets"] == n, "ranks_active"].unique())
+        for e in order_engines(t["engine"]):
+            drawn: list[tuple[float, ...]] = []
+            for m in mappings:
+                s = contention_mod.series(t, wl, n, e, m)
+                if s.empty:
+                    continue
+                ls = MAP_STYLES.get(m, ":")
+                face = color(e) if m == "shared" else "white"
+                # the one-rank point is the first mapping's; later mappings leave its marker
+                every = list(range(1 if m != mappings[0] and s["ranks_active"].iloc[0] == 1
+                                   else 0, len(s)))  # fmt: skip
+                for a, y, lo, hi in ((ax, "stall_s", "stall_q25", "stall_q75"),
+                                     (bx, "agg_GBps", "agg_q25", "agg_q75")):  # fmt: skip
+                    a.errorbar(s["ranks_active"], s[y], yerr=[s[y] - s[lo], s[hi] - s[y]],
+                               color=color(e), linestyle=ls, marker=marker(e),
+                               markerfacecolor=face, markevery=every, capsize=2, elinewidth=0.7,
+                               label=f"{_engine_label(run.ranked, e)}, {m}")  # fmt: skip
+                key = tuple(np.round(s["model_stall_s"].to_numpy(dtype=float), 12))
+                if key not in drawn and np.isfinite(s["model_stall_s"]).any():
+                    drawn.append(key)
+                    for a, y in ((ax, "model_stall_s"), (bx, "model_GBps")):
+                        a.plot(s["ranks_active"], s[y], color=color(e), linestyle=":",
+                               linewidth=0.9, alpha=0.8, label="_model")  # fmt: skip
+        c = ceil.get("per_ssd_count", {}).get(str(n), {}) if ceil else {}
+        if c.get("direct_write_Bps"):
+            bx.axhline(c["direct_write_Bps"] / 1e9, color="0.4", linewidth=0.7,
+                       linestyle=(0, (1, 2)), label=f"O_DIRECT ceiling, {n} target(s), 1 process")  # fmt: skip
+        for a in (ax, bx):
+            a.set_xticks(ks)
+            a.set_xlim(min(ks) - 0.4, max(ks) + 0.4)
+            a.set_xlabel("ranks checkpointing at once")
+        ax.set_yscale("log")
+        ax.set_ylabel("stall, slowest rank (s, log)")
+        bx.set_ylim(bottom=0)
+        size = format_size(int(t["total_bytes"].max())) if len(t) else "?"
+        ax.set_title(f"(a) stall, {size} in all, {n} SSD(s)", loc="left")
+        bx.set_title("(b) aggregate write: all bytes / slowest total_s", loc="left")
+        bx.set_ylabel("aggregate write (GB/s)")
+    engines = order_engines(t["engine"]) if len(t) else []
+    handles = [Line2D([], [], color=color(e), marker=marker(e), linestyle="none",
+                      label=_engine_label(run.ranked, e)) for e in engines]  # fmt: skip
+    handles += [Line2D([], [], color="0.3", linestyle=MAP_STYLES.get(m, ":"), marker="o",
+                       markerfacecolor="0.3" if m == "shared" else "white",
+                       label=f"{m} targets") for m in mappings]  # fmt: skip
+    handles.append(Line2D([], [], color="0.3", linestyle=":", linewidth=0.9,
+                          label="model: fair share of the host"))  # fmt: skip
+    handles += [h for h in axes[0][1].get_legend_handles_labels()[0]
+                if h.get_label().startswith("O_DIRECT")]  # fmt: skip
+    fig.legend(handles=handles, loc="outside upper center", ncols=4)
+    extra = ("aggregate rows, median of repetitions, bars: IQR; one rank alone stands for every "
+             "mapping; hollow markers: dedicated targets")  # fmt: skip
+    if run.shared_device:
+        extra += ". ALL TARGETS ON ONE DEVICE: shared and dedicated targets share its bandwidth"
+    footer(fig, run, extra)
     return fig
 
 

@@ -23,6 +23,26 @@ Symbols (one GPU's share; bandwidths in B/s):
     break-even                      n* = b / w   (R(n) <= 1 for n >= n*; infinite if L < b, or
                                     if all targets share one device and w < b)
 
+Many GPUs of one host checkpointing at once (`predict_shared`): g ranks, each saving its shard
+S_r, share the host's m SSDs and its memory bandwidth C (g = GPUs per host, m = SSDs per host
+when all of them save together). Every rank gets a fair share:
+
+    W_h = W(m) (the host's storage), W_r = W_h / g, c_g = C / g, s_g = min(b, c_g) (snapshot)
+    s1  = w / g with shared targets (every rank's first target is the host's first SSD), or
+          min(w, W_r) with dedicated ones
+
+    engine      per-rank stall              per-rank time to durability
+    gds         S_r / min(L, W_r)           = stall
+    cpu-single  S_r / s_g                   S_r/s_g + S_r/W_r
+    cpu-double  S_r / s_g                   S_r/s_g + S_r/min(c_g, W_r)
+    torch-save  S_r/s_g + S_r/min(c_g, s1)  = stall
+    dcp         S_r / s_g                   S_r/s_g + S_r/min(c_g, s1)
+
+    aggregate write bandwidth = g S_r / (per-rank time to durability)
+
+Shared and dedicated targets get the same share of W_h here (the model has no interference
+between ranks beyond bandwidth): their difference in a measured run is what it leaves out.
+
 Assumptions: the snapshot and the persist phases of the CPU-centric engines run one after the
 other (as the engines do); the page-cache copy of buffered writes overlaps the writeback; D2H
 contention between GPUs and DRAM bandwidth for DMA are not modelled (give a lower `d2h` if
@@ -94,6 +114,8 @@ class ProfileFile(BaseModel):
     ssd_write_GBps: Quoted | None = None
     ssds_per_gpu: Quoted | None = None
     gpus_sharing_host: Quoted | None = None
+    gpus_per_host: Quoted | None = None  # default: gpus_sharing_host
+    ssds_per_host: Quoted | None = None  # default: ssds_per_gpu x GPUs per host
     host_copy_GBps: Quoted | None = None
     checkpoint_size: Quoted | None = None
     notes: list[str] = []
@@ -119,6 +141,16 @@ class Profile:
     shared_device: bool = False
     sources: dict[str, tuple[str, str]] | None = None
     notes: tuple[str, ...] = ()
+    gpus_per_host: int | None = None  # None: gpus_sharing_host
+    ssds_per_host: int | None = None  # None: ssds_per_gpu x GPUs per host
+
+    @property
+    def host_gpus(self) -> int:
+        return self.gpus_per_host or self.gpus_sharing_host
+
+    @property
+    def host_ssds(self) -> int:
+        return self.ssds_per_host or self.ssds_per_gpu * self.host_gpus
 
     @property
     def link(self) -> float:
@@ -157,6 +189,36 @@ def predict(p: Profile, engine: str, n_ssds: float, size: float | None = None) -
         return Prediction(engine, t, t, s)
     if engine == "dcp":
         return Prediction(engine, s / b, s / b + s / min(c, w), 2 * s)
+    raise UserError(f"model: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+
+
+def predict_shared(p: Profile, engine: str, ranks: int, ssds_host: float | None = None,
+                   size: float | None = None, mapping: str = "shared") -> Prediction:  # fmt: skip
+    """Per-rank stall, time to durability and host memory when `ranks` ranks of one host save a
+    shard of `size` each at once over the host's `ssds_host` SSDs (default: the profile's GPUs
+    and SSDs per host); `mapping` (shared or dedicated) matters only for the baselines, which
+    write into each rank's first target. See the module docstring for the formulas."""
+    if ranks < 1:
+        raise UserError(f"model: ranks must be at least 1, got {ranks}")
+    g = float(ranks)
+    s = float(p.size_bytes if size is None else size)
+    m = float(p.host_ssds if ssds_host is None else ssds_host)
+    w_r = p.storage_Bps(m) / g
+    c_g = p.host_copy_Bps / g
+    snap = s / min(p.d2h_Bps, c_g)
+    first = p.ssd_write_Bps / g if mapping == "shared" else min(p.ssd_write_Bps, w_r)
+    if engine == "gds":
+        t = s / min(p.link, w_r)
+        return Prediction(engine, t, t, 0.0)
+    if engine == "cpu-single":
+        return Prediction(engine, snap, snap + s / w_r, s)
+    if engine == "cpu-double":
+        return Prediction(engine, snap, snap + s / min(c_g, w_r), 2 * s)
+    if engine == "torch-save":
+        t = snap + s / min(c_g, first)
+        return Prediction(engine, t, t, s)
+    if engine == "dcp":
+        return Prediction(engine, snap, snap + s / min(c_g, first), 2 * s)
     raise UserError(f"model: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
 
 
@@ -252,7 +314,17 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
         link_Bps=None if link is None else _number(link, path, "gds_link_GBps") * GB,
         sources=sources,
         notes=tuple(pf.notes),
+        gpus_per_host=_optional_int(pf.gpus_per_host, path, "gpus_per_host", sources),
+        ssds_per_host=_optional_int(pf.ssds_per_host, path, "ssds_per_host", sources),
     )
+
+
+def _optional_int(q: Quoted | None, path: str, key: str,
+                  sources: dict[str, tuple[str, str]]) -> int | None:  # fmt: skip
+    if q is None:
+        return None
+    sources[key] = (q.kind, q.source)
+    return int(_number(q, path, key))
 
 
 def load_profiles(directory: Path = PROFILES_DIR) -> list[Profile]:
@@ -314,6 +386,12 @@ def from_run(run: Any) -> Profile:
         "checkpoint_size": (tag, "the largest checkpoint of the run"),
     }
     n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
+    table = run.env.get("ranks", {}).get("table") or []
+    per_node = [sum(1 for t in table if t.get("node_rank") == n)
+                for n in {t.get("node_rank") for t in table}]  # fmt: skip
+    if per_node:
+        sources["gpus_per_host"] = (tag, f"ranks per node of run {rid} (env.json ranks.table)")
+        sources["ssds_per_host"] = (tag, "distinct devices under the run's targets")
     notes = []
     if shared:
         notes.append("all targets share one device: W(n) = w, SSD-count scaling is not real")
@@ -331,6 +409,8 @@ def from_run(run: Any) -> Profile:
         shared_device=shared,
         sources=sources,
         notes=tuple(notes),
+        gpus_per_host=max(per_node) if per_node else None,
+        ssds_per_host=max(1, n_dev) if per_node else None,
     )
 
 
@@ -350,6 +430,8 @@ INPUT_LABELS = {
     "ssd_write_GBps": "SSD write w",
     "ssds_per_gpu": "SSDs per GPU n",
     "gpus_sharing_host": "GPUs sharing host g",
+    "gpus_per_host": "GPUs per host",
+    "ssds_per_host": "SSDs per host m",
     "host_copy_GBps": "host copy C",
     "checkpoint_size": "checkpoint S",
 }
@@ -368,6 +450,8 @@ def input_rows(p: Profile) -> list[tuple[str, str, str, str]]:
         "ssd_write_GBps": f"{p.ssd_write_Bps / GB:.2f} GB/s",
         "ssds_per_gpu": str(p.ssds_per_gpu),
         "gpus_sharing_host": str(p.gpus_sharing_host),
+        "gpus_per_host": str(p.host_gpus),
+        "ssds_per_host": str(p.host_ssds),
         "host_copy_GBps": f"{p.host_copy_Bps / GB:.1f} GB/s (c = {p.copy_per_gpu / GB:.1f} GB/s a GPU)",
         "checkpoint_size": fmt_bytes(p.size_bytes),
     }
@@ -376,6 +460,12 @@ def input_rows(p: Profile) -> list[tuple[str, str, str, str]]:
     for k, label in INPUT_LABELS.items():
         if k == "gds_link_GBps" and k not in src:
             out.append((label, values[k], "derived", "= b (the GPU's own x16 link)"))
+            continue
+        if k == "gpus_per_host" and k not in src:
+            out.append((label, values[k], "derived", "= g (the GPUs sharing the host)"))
+            continue
+        if k == "ssds_per_host" and k not in src:
+            out.append((label, values[k], "derived", "= n x GPUs per host"))
             continue
         kind, source = src.get(k, ("", ""))
         out.append((label, values[k], kind, source))
@@ -445,4 +535,27 @@ def feasibility_text(p: Profile) -> str:
         )
     )
     lines += ["", describe_break_even(p)]
+    lines += ["", sharing_text(p)]
     return "\n".join(lines)
+
+
+def sharing_counts(p: Profile) -> list[int]:
+    """GPUs checkpointing at once for the sharing table: powers of two up to the host's GPUs."""
+    g = p.host_gpus
+    return sorted({1, g} | {x for x in (2, 4, 8, 16) if x < g})
+
+
+def sharing_text(p: Profile) -> str:
+    """Per-rank stall and the host's aggregate write bandwidth when g GPUs of one host save
+    their shards at once over its SSDs (shared targets; predict_shared)."""
+    m, counts = p.host_ssds, sharing_counts(p)
+    head = (f"g GPUs of one host saving their {fmt_bytes(p.size_bytes)} shards at once over "
+            f"its {m} SSD(s), shared targets: per-rank stall s (aggregate GB/s to durability)")  # fmt: skip
+    rows = []
+    for g in counts:
+        cells = []
+        for e in ENGINES:
+            pr = predict_shared(p, e, g, m)
+            cells.append(f"{pr.stall_s:.3g} ({g * p.size_bytes / pr.durable_s / GB:.3g})")
+        rows.append([str(g), *cells])
+    return head + "\n" + text_table(["g GPUs", *ENGINES], rows)

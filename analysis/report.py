@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import figures, model, runs, stats
+from analysis import contention, figures, model, runs, stats, training
 from analysis.runs import Run
 from bench.errors import UserError
 from bench.sizes import format_size
@@ -42,6 +42,19 @@ CAPTIONS = {
     "timeline": "Figure 5. One checkpoint per engine on a time axis: the stall (training waits) "
     "and the background persist phase, with checksum time inside persist (its position "
     "indicative); from the median repetition.",
+    "contention": "Figure 7. Many ranks at once (a multi-rank run): (a) the stall of the slowest "
+    "rank and (b) the aggregate write bandwidth (every rank's bytes / the slowest rank's total_s) "
+    "against the number of ranks checkpointing at once, solid for shared targets and dashed "
+    "(hollow markers) for dedicated ones; dotted: the model's fair share of the host's SSDs and "
+    "memory bandwidth, calibrated from the one-rank cases of the same run.",
+    "training_stall": "Figure 6. Stall in a real training loop. (a) Wall time of every training "
+    "step (forward, backward, AdamW step, and the save() call in the marked steps) against the "
+    "step number, one panel per engine; shaded: the checkpoint persisting in the background; "
+    "dashed: the median step of the same loop without checkpoints (none). (b) Per engine, per "
+    "checkpoint: the step-time inflation against none (sum of its step times - sum of none's over "
+    "the same steps); against the engine's own quiet steps (no save, no persist beside them), "
+    "split into the step with the save() call and the contention in the steps beside the "
+    "background persist; and the engine's median stall_s.",
 }
 
 
@@ -346,8 +359,15 @@ class Report:
 
 def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
           profiles_dir: str | None = None) -> Report:  # fmt: skip
-    """Write the figures (and unless figures_only, summary.csv, report.md, report.html)."""
+    """Write the figures (and unless figures_only, summary.csv, report.md, report.html).
+
+    A training-loop run (training_steps.csv, `ckptbench train`) adds Figure 6 and its section;
+    a run directory with only those files gets a report of that section alone."""
     t0 = time.perf_counter()
+    tr = training.load(run_dir) if training.present(run_dir) else None
+    has_results = os.path.isfile(os.path.join(run_dir, "results.csv"))
+    if tr is not None and not has_results:
+        return build_training(tr, outdir or os.path.join(run_dir, "report"), figures_only, t0)
     run = runs.load(run_dir)
     outdir = outdir or os.path.join(run_dir, "report")
     os.makedirs(outdir, exist_ok=True)
@@ -366,6 +386,10 @@ def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
         "feasibility": figures.feasibility(profiles, run),
         "timeline": figures.timeline(run),
     }
+    if tr is not None:
+        made["training_stall"] = figures.training_stall(tr)
+    if contention.present(run):
+        made["contention"] = figures.contention(run, this)
     paths: list[str] = []
     for stem, fig in made.items():
         paths += figures.save(fig, outdir, stem)
@@ -373,10 +397,12 @@ def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
     table = stats.summary_table(run)
     headers, rows = stats.summary_rows(table)
     summary_text = model.text_table(headers, rows)
+    if tr is not None:
+        summary_text += "\n\n" + model.text_table(*training.summary_rows(training.summary(tr)))
     if not figures_only:
         csv_path = os.path.join(outdir, "summary.csv")
         table.to_csv(csv_path, index=False)
-        doc = document(run, table, this, profiles)
+        doc = document(run, table, this, profiles, tr)
         md = os.path.join(outdir, "report.md")
         with open(md, "w") as f:
             f.write(doc.markdown())
@@ -384,11 +410,15 @@ def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
         with open(html_path, "w") as f:
             f.write(doc.html(f"ckptbench report {run.run_id}"))
         paths += [csv_path, md, html_path]
-    return Report(outdir, paths, table, summary_text, warnings_for(run), time.perf_counter() - t0)
+    notes = warnings_for(run) + (training.notes(tr) if tr is not None else [])
+    if contention.present(run):
+        notes += [f"aggregate write bandwidth, {n}"
+                  for n in contention.notes(contention.table(run, this))]  # fmt: skip
+    return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)
 
 
 def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
-             profiles: list[model.Profile]) -> Doc:  # fmt: skip
+             profiles: list[model.Profile], tr: training.TrainingRun | None = None) -> Doc:  # fmt: skip
     """The report's content."""
     d = Doc()
     d.h(1, f"ckptbench report: {run.run_id}")
@@ -420,10 +450,16 @@ def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
     for stem in figures.FIGURES:
         if stem != "feasibility":
             d.img(f"{stem}.png", CAPTIONS[stem])
-    d.p(
-        "PDF versions sit beside the PNGs. The timeline has no training steps yet: the "
-        "training-loop workload is not part of this run."
-    )
+    if tr is not None:
+        d.p("PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; Figure 6 "
+            "(below) shows checkpoint phases against the steps of a training loop.")  # fmt: skip
+        training_section(d, tr)
+    else:
+        d.p("PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; checkpoint "
+            "phases against the steps of a real training loop come from `ckptbench train "
+            "configs/training.yaml`, whose report draws them (Figure 6).")  # fmt: skip
+    if contention.present(run):
+        contention_section(d, run, this)
 
     d.h(2, "The model")
     d.p("`analysis/model.py`, one GPU's checkpoint; the same formulas draw Figures 2-4.")
@@ -452,3 +488,111 @@ def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
     d.h(2, "Environment")
     d.table(["", "value"], env_rows(run.env))
     return d
+
+
+# --- the training-loop run (`ckptbench train`) ------------------------------------------------
+
+
+def training_section(d: Doc, tr: training.TrainingRun) -> None:
+    """Figure 6, the training summary table and what it says."""
+    table = training.summary(tr)
+    cfg = tr.env.get("config", {})
+    m = cfg.get("model", {})
+    info = tr.env.get("training", {})
+    d.h(2, "Stall in a real training loop")
+    for n in training.notes(tr):
+        d.warn(n)
+    if m:
+        d.p(f"A {m.get('n_layers')}-layer transformer (d_model {m.get('d_model')}, vocab "
+            f"{m.get('vocab')}, {info.get('params', 0) / 1e6:.1f}M parameters) trained with "
+            f"AdamW on synthetic tokens (batch {m.get('batch_size')} x {m.get('seq_len')}), "
+            f"{cfg.get('steps')} timed steps per engine with a save every "
+            f"{cfg.get('checkpoint_every')} steps of the model and optimizer state "
+            f"({format_size(int(info.get('state_bytes', 0)))}); torch threads "
+            f"{info.get('torch_threads', '?')}.")  # fmt: skip
+    d.p("The step-time inflation is what training really feels: the engine's stall plus the "
+        "contention the background persist causes in the steps that run beside it (GIL, memory "
+        "bandwidth, the writer threads' CPU time); it is compared here with the engine-level "
+        "stall_s. Two estimates per checkpoint: against `none` (sum of the engine's step times - "
+        "sum of none's), and against the engine's own quiet steps (neither a save nor beside a "
+        "persist), which the drift of the machine's speed between the engines' runs does not "
+        "reach. Times in seconds; stall_s and durable s are medians over the timed saves.")  # fmt: skip
+    said = []
+    for _, r in table[table["engine"] != training.NONE].iterrows():
+        if math.isfinite(r["inflation_s"]) and math.isfinite(r["stall_s"]) and r["stall_s"] > 0:
+            said.append(f"{r['label']} {stats.fmt(r['inflation_s'])} s against a "
+                        f"{stats.fmt(r['stall_s'])} s stall_s "
+                        f"({r['inflation_s'] / r['stall_s']:.1f}x)")  # fmt: skip
+    if said:
+        d.p("Measured, per checkpoint against the quiet steps: " + "; ".join(said) + ".")
+    for note in training.drift_notes(table):
+        d.p(f"Note: {note}.")
+    d.table(*training.summary_rows(table))
+    d.img("training_stall.png", CAPTIONS["training_stall"])
+
+
+def training_env_rows(env: dict[str, Any]) -> list[list[str]]:
+    """env_rows with the training config in place of the sweep's."""
+    rows = [r for r in env_rows({k: v for k, v in env.items() if k != "config"})]
+    cfg = env.get("config", {})
+    if cfg:
+        keys = ("engines", "steps", "checkpoint_every", "warmup_steps", "warmup_checkpoints",
+                "model", "lr", "weight_decay", "threads", "seed", "targets")  # fmt: skip
+        rows.append(["config", ", ".join(f"{k} {cfg.get(k)}" for k in keys)])
+    return rows
+
+
+def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool,
+                   t0: float) -> Report:  # fmt: skip
+    """The report of a run directory that holds only a training-loop run."""
+    os.makedirs(outdir, exist_ok=True)
+    paths = figures.save(figures.training_stall(tr), outdir, "training_stall")
+    table = training.summary(tr)
+    summary_text = model.text_table(*training.summary_rows(table))
+    if not figures_only:
+        csv_path = os.path.join(outdir, "training_summary.csv")
+        table.to_csv(csv_path, index=False)
+        d = Doc()
+        d.h(1, f"ckptbench report: {tr.run_id}")
+        training_section(d, tr)
+        d.h(2, "Environment")
+        d.table(["", "value"], training_env_rows(tr.env))
+        md = os.path.join(outdir, "report.md")
+        with open(md, "w") as f:
+            f.write(d.markdown())
+        html_path = os.path.join(outdir, "report.html")
+        with open(html_path, "w") as f:
+            f.write(d.html(f"ckptbench report {tr.run_id}"))
+        paths += [csv_path, md, html_path]
+    return Report(outdir, paths, table, summary_text, training.notes(tr), time.perf_counter() - t0)
+
+
+# --- many ranks at once (`ckptbench run --nproc N`) -------------------------------------------
+
+
+def contention_section(d: Doc, run: Run, this: model.Profile | None) -> None:
+    """Figure 7, the measured aggregate bandwidth against one rank's, and the model beside it."""
+    t = contention.table(run, this)
+    r = run.env.get("ranks", {})
+    d.h(2, "Many ranks at once")
+    d.p(f"{r.get('world_size', '?')} ranks under torchrun ({r.get('backend', '?')}), each saving "
+        f"its own shard ({'the total split evenly' if r.get('shard') == 'even' else 'a whole total each'}) "
+        "into its own targets; every repetition starts at a barrier, so the ranks contend for "
+        "the SSDs, the PCIe root complexes and the host's memory bandwidth for real. Aggregate "
+        "rows: stall and time to durability = the slowest rank's, bytes = all ranks'. "
+        "Mappings: " + ", ".join(r.get("mapping", [])) + "; with one rank a case runs once and "
+        "stands for every mapping. env.json `ranks.layout` lists every rank's directories.")  # fmt: skip
+    said = contention.notes(t)
+    if said:
+        d.p("**Measured aggregate write bandwidth against one rank alone:**")
+        d.ul(said)
+    if run.shared_device:
+        d.warn("All targets share one device: shared and dedicated targets divide the same "
+               "device's bandwidth here; the difference between them is the cost of interleaving "
+               "the ranks' files, not of more devices.")  # fmt: skip
+    d.img("contention.png", CAPTIONS["contention"])
+    d.p("The model (dotted; `analysis.model.predict_shared`): g ranks of one host each get W(m) "
+        "/ g of the host's m SSDs and C / g of its memory-copy bandwidth; per-rank stall = S_r / "
+        "min(L, W(m)/g) for gds, S_r / min(b, C/g) for the CPU-centric snapshot. It gives shared "
+        "and dedicated targets the same share: their measured difference is what it leaves out.")  # fmt: skip
+    d.table(*contention.rows(t))

@@ -32,6 +32,9 @@ class Run:
     env: dict[str, Any]
     ok: pd.DataFrame = field(repr=False)
     excluded: dict[str, int] = field(default_factory=dict)
+    # Multi-rank runs (bench.distributed): the timed, successful rows of cases where more than
+    # one rank checkpointed at once, per rank and aggregate; `ok` keeps the one-rank cases.
+    ranked: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
     @property
     def emulated(self) -> bool:
@@ -87,9 +90,23 @@ def _text(s: pd.Series, missing: str) -> pd.Series:
     return s.astype(object).where(s.notna(), missing).astype(str)
 
 
+# Multi-rank columns and their value on rows of single-process runs that predate them.
+RANK_DEFAULTS = {"rank": 0, "world_size": 1, "node": "", "node_rank": 0, "aggregate": False,
+                 "ranks_active": 1, "target_map": ""}  # fmt: skip
+
+
 def normalise(df: pd.DataFrame) -> pd.DataFrame:
     """Types, empty strings for missing text, mode tags and derived bandwidths (GB/s)."""
     df = df.copy()
+    for c, v in RANK_DEFAULTS.items():
+        if c not in df:
+            df[c] = v
+        elif isinstance(v, str):
+            df[c] = _text(df[c], v)
+        elif isinstance(v, bool):
+            df[c] = _bool(df[c])
+        else:
+            df[c] = df[c].fillna(v).astype(int)
     for c in ("warmup", "emulated", "verified", "checksums"):
         if c in df:
             df[c] = _bool(df[c])
@@ -108,7 +125,16 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-REQUIRED = [c for c in results.COLUMNS if c not in ("options", "checksums")]
+# The columns a run must have: those of the first recorded runs. Columns added to
+# bench.results.COLUMNS since (options, capped, efficiencies, ranks...) are optional here, so
+# older runs and the committed fixtures still load.
+REQUIRED = [
+    "run_id", "case_id", "engine", "device", "emulated", "gds_mode", "workload", "total_bytes",
+    "tensor_bytes", "n_tensors", "n_targets", "targets_used", "rep", "warmup", "stall_s",
+    "persist_s", "total_s", "restore_s", "hash_s", "wait_prev_s", "pinned_bytes",
+    "page_cache_peak_bytes", "rss_peak_bytes", "cpu_user_s", "cpu_sys_s", "staging_grew",
+    "copied_tensors", "cache_dropped", "dtype", "verified", "error",
+]  # fmt: skip
 
 
 def load(path: str) -> Run:
@@ -139,7 +165,15 @@ def load(path: str) -> Run:
     warm = rows["warmup"]
     failed = ~warm & (rows["error"] != "")
     unverified = ~warm & ~failed & ~rows["verified"]
-    ok = rows[~warm & ~failed & ~unverified].copy()
+    good = rows[~warm & ~failed & ~unverified]
+    multi = good["aggregate"] | (good["ranks_active"] > 1)
+    ok, ranked = good[~multi].copy(), good[multi].copy()
+    if ok.empty and not ranked.empty:
+        # No case with one rank alone: the aggregate rows (one checkpoint of all ranks' shards)
+        # of the fewest ranks, under the first mapping, stand in for the one-rank figures.
+        agg = ranked[ranked["aggregate"]]
+        agg = agg[agg["ranks_active"] == agg["ranks_active"].min()]
+        ok = agg[agg["target_map"] == agg["target_map"].iloc[0]].copy() if len(agg) else agg
     run_id = str(rows["run_id"].iloc[0]) if "run_id" in rows else os.path.basename(path)
     excluded = {
         "warm-up": int(warm.sum()),
@@ -148,4 +182,4 @@ def load(path: str) -> Run:
     }
     if ok.empty:
         raise UserError(f"{csv_path}: no successful timed repetitions to analyse")
-    return Run(os.path.abspath(path), run_id, rows, env, ok, excluded)
+    return Run(os.path.abspath(path), run_id, rows, env, ok, excluded, ranked)

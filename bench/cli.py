@@ -1,5 +1,7 @@
 """The `ckptbench` command: `run CONFIG`, `engines`, `clean TARGET...`, `report`, `model`, `compare`.
 
+`train CONFIG` checkpoints a real training loop through each engine (bench/workloads/training.py).
+
 `report RUN_DIR`, `model PROFILE` and `compare RUN_A RUN_B` read results files (analysis/).
 
 Errors a user can cause print one line and exit with code 2; a run with any row that failed to
@@ -16,8 +18,11 @@ from bench.errors import UserError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from bench import config, runner  # noqa: PLC0415 - keep `--help` fast
+    from bench import config, distributed, runner  # noqa: PLC0415 - keep `--help` fast
 
+    code = distributed.cli_run(args)  # --nproc, a `ranks:` section, or a rank under torchrun
+    if code is not None:
+        return code
     cfg = config.load(args.config, args.set)
     r = runner.Runner(cfg, args.output, quiet=args.quiet, resume=args.resume)
     try:
@@ -40,11 +45,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"skipped (tensor larger than total): {skipped}")
     if not table.empty:
         print(table.to_string())
+    for line in runner.ceiling_lines(run_dir):
+        print(line)
     for note in r.notes + runner.mode_notes(run_dir):
         print(f"note: {note}")
     print(f"results: {run_dir}/results.csv, environment: {run_dir}/env.json")
     if r.failures:
         print(f"{r.failures} row(s) failed or did not verify", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from analysis import training as tstats  # noqa: PLC0415
+    from analysis.model import text_table  # noqa: PLC0415
+    from bench.workloads import training  # noqa: PLC0415
+
+    cfg = training.load(args.config, args.set)
+    t = training.TrainingRun(cfg, args.output, quiet=args.quiet)
+    run_dir = t.run()
+    tr = tstats.load(run_dir)
+    print(f"\ntraining run {t.run_id} ({t.device.kind}{', emulated' if t.device.emulated else ''}"
+          f"), {cfg.steps} steps per engine, a checkpoint every {cfg.checkpoint_every}")  # fmt: skip
+    table = tstats.summary(tr)
+    print(text_table(*tstats.summary_rows(table)))
+    for note in t.notes + tstats.notes(tr) + tstats.drift_notes(table):
+        print(f"note: {note}")
+    print(f"results: {run_dir}/training_steps.csv, training_checkpoints.csv, env.json; "
+          f"figure: ckptbench report {run_dir}")  # fmt: skip
+    if t.failures:
+        print(f"{len(t.failures)} engine(s) failed or did not verify", file=sys.stderr)
         return 1
     return 0
 
@@ -180,7 +210,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an interrupted run: skip the rows it recorded "
                    "(refused if the config changed)")  # fmt: skip
+    r.add_argument("--nproc", type=int, metavar="N",
+                   help="run N ranks through torchrun (one GPU each on CUDA), each saving its "
+                   "shard; same as --set ranks.nproc=N")  # fmt: skip
     r.set_defaults(fn=_cmd_run)
+    t = sub.add_parser("train", help="checkpoint a real training loop through each engine")
+    t.add_argument("config", help="YAML training config, e.g. configs/training.yaml")
+    t.add_argument("-o", "--output", default="results", help="results root (default: results)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set steps=30 --set model.n_layers=2")  # fmt: skip
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(fn=_cmd_train)
     e = sub.add_parser("engines", help="list engines and whether each can run here")
     e.set_defaults(fn=_cmd_engines)
     c = sub.add_parser("clean", help="remove leftovers of interrupted saves from targets")

@@ -43,6 +43,7 @@ def _rate(v: Any) -> int:
 Size = Annotated[int, BeforeValidator(_size)]
 Rate = Annotated[int, BeforeValidator(_rate)]
 PosInt = Annotated[int, Field(gt=0)]
+Mapping = Literal["shared", "dedicated", "per_target"]
 
 
 class _Strict(BaseModel):
@@ -74,6 +75,25 @@ class CeilingSpec(_Strict):
     queue_depth: PosInt = 8
 
 
+class RanksSpec(_Strict):
+    """Multi-rank runs (bench.distributed, under torchrun): each rank checkpoints its own shard.
+
+    `mapping` is an axis: `shared` (every rank stripes over all N targets of the case),
+    `dedicated` (the N targets split among the ranks, or with `dedicated_subfolders` a folder
+    `target/rank-R` of every target for each rank) and `per_target` (groups of
+    `ranks_per_target` ranks, each group on its own share of the targets). `active` is an axis
+    too: how many ranks (the first k) checkpoint at once; the others wait at the barriers.
+    """
+
+    nproc: PosInt = 1  # processes `ckptbench run` starts through torchrun (--nproc overrides)
+    mapping: Annotated[list[Mapping], Field(min_length=1)] = ["shared"]
+    dedicated_subfolders: bool = False
+    ranks_per_target: PosInt = 2
+    active: list[PosInt] = []  # [] = every rank of the job
+    shard: Literal["even", "per_rank"] = "even"  # total split across ranks, or a total per rank
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0  # collectives; a lost rank fails by then
+
+
 class Config(_Strict):
     """One sweep. Sizes are bytes after validation."""
 
@@ -95,6 +115,7 @@ class Config(_Strict):
     on_error: Literal["continue", "stop"] = "continue"
     engine_options: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()
+    ranks: RanksSpec | None = None
 
     def synthetic_cases(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(total, tensor) pairs to run, and those skipped because tensor > total."""
@@ -175,6 +196,30 @@ def _check(cfg: Config) -> None:
             )
         if m.rank >= m.world_size:
             raise UserError(f"models.{i}.rank: {m.rank} must be below world_size {m.world_size}")
+    if cfg.ranks is not None:
+        _check_ranks(cfg)
+
+
+def _check_ranks(cfg: Config) -> None:
+    r = cfg.ranks
+    assert r is not None
+    if cfg.models:
+        raise UserError(
+            "models: model presets are not sharded across ranks; with ranks, use "
+            "total_sizes and tensor_sizes (each rank saves its shard of the total)"
+        )
+    for key in ("mapping", "active"):
+        values = getattr(r, key)
+        if len(set(values)) != len(values):
+            raise UserError(f"ranks.{key}: a value is listed twice in {values}")
+    if r.dedicated_subfolders and "dedicated" not in r.mapping:
+        raise UserError(
+            "ranks.dedicated_subfolders: applies to mapping dedicated, which is not listed"
+        )
+    if r.active and max(r.active) > r.nproc:
+        raise UserError(
+            f"ranks.active: {max(r.active)} ranks asked for, but ranks.nproc is {r.nproc}"
+        )
 
 
 def _set(raw: dict[str, Any], assignment: str) -> None:
@@ -206,6 +251,10 @@ def from_dict(raw: Any, where: str = "config") -> Config:
         raw = {**raw, "models": [{"preset": m} if isinstance(m, str) else m for m in raw["models"]]}
     if isinstance(raw.get("targets"), list):
         raw = {**raw, "targets": [{"path": t} if isinstance(t, str) else t for t in raw["targets"]]}
+    # A single mapping may be given bare (`mapping: shared`).
+    ranks = raw.get("ranks")
+    if isinstance(ranks, dict) and isinstance(ranks.get("mapping"), str):
+        raw = {**raw, "ranks": {**ranks, "mapping": [ranks["mapping"]]}}
     try:
         cfg = Config(**raw)
     except ValidationError as e:

@@ -1,7 +1,8 @@
 """Result rows: the schema, the run directory, appending rows durably, reading them back.
 
-One tidy row per repetition; base units in the names (`_bytes`, `_s`); warm-ups flagged.
-GB/s is derived in analysis, never stored.
+One tidy row per repetition (per rank and repetition in multi-rank runs, plus an aggregate row);
+base units in the names (`_bytes`, `_s`); warm-ups flagged. GB/s is derived in analysis, never
+stored.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ COLUMNS = [
     "pinned_bytes", "page_cache_peak_bytes", "rss_peak_bytes", "cpu_user_s", "cpu_sys_s",
     "checksums", "staging_grew", "copied_tensors", "cache_dropped", "dtype", "options", "capped",
     "persist_efficiency", "snapshot_efficiency", "verified", "error",
+    "rank", "world_size", "node", "node_rank", "aggregate", "ranks_active", "target_map",
 ]  # fmt: skip
+# Multi-rank runs (bench.distributed) add one row per rank and one aggregate row per repetition.
+# Single-process rows: rank 0, world_size 1, node = this host, node_rank 0, aggregate False,
+# ranks_active 1, target_map "". Aggregate rows: rank -1, node "", node_rank -1, aggregate True.
 
 
 def new_run_dir(root: str, config_name: str) -> tuple[str, str]:

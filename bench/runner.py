@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import sys
 import traceback
 from dataclasses import dataclass
@@ -66,34 +67,42 @@ def workloads(cfg: config_mod.Config) -> list[Workload]:
     return out
 
 
-def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -> None:
+def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload],
+              scale: int = 1) -> None:  # fmt: skip
     """Fail before anything runs: missing or unwritable targets, O_DIRECT refused, no space."""
-    for t in targets[: max(cfg.ssd_counts)]:
+    check_dirs(targets[: max(cfg.ssd_counts)], cfg.engines)
+    check_space(cfg, targets, wls, scale)
+
+
+def check_dirs(dirs: list[str], engines: list[str]) -> None:
+    """Each directory exists and is writable, and takes O_DIRECT if an engine needs it."""
+    for t in dirs:
         if not os.path.isdir(t):
             raise UserError(
                 f"target {t}: does not exist or is not a directory (create it or fix targets)"
             )
         if not os.access(t, os.W_OK | os.X_OK):
             raise UserError(f"target {t}: is not writable by this user")
-    if any(e in O_DIRECT_ENGINES for e in cfg.engines):
-        for t in targets[: max(cfg.ssd_counts)]:
+    if any(e in O_DIRECT_ENGINES for e in engines):
+        for t in dirs:
             reason = odirect.probe(t)
             if reason:
-                users = ", ".join(e for e in cfg.engines if e in O_DIRECT_ENGINES)
+                users = ", ".join(e for e in engines if e in O_DIRECT_ENGINES)
                 raise UserError(
                     f"target {t}: {reason}; needed by {users} (use a disk-backed target)"
                 )
-    check_space(cfg, targets, wls)
 
 
-def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload]) -> None:
+def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload],
+                scale: int = 1) -> None:  # fmt: skip
     """Enough free space on every target for the largest checkpoint it will hold at once.
 
     Target i holds a stripe 1/N of a checkpoint over N targets (the smallest N that includes it);
     the first target also holds whole checkpoints of the baselines. Model presets are sized when
-    built; a full disk during a case is recorded as that case's error row.
+    built; a full disk during a case is recorded as that case's error row. `scale`: how many
+    checkpoints of that size are written at once (ranks that each save a whole total).
     """
-    largest = max((w.total_bytes for w in wls if w.kind == "synthetic"), default=0)
+    largest = scale * max((w.total_bytes for w in wls if w.kind == "synthetic"), default=0)
     if not largest:
         return
     baselines = any(not REGISTRY[e].stripes for e in cfg.engines)
@@ -109,12 +118,16 @@ def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload])
             )
 
 
-def _options(cfg: config_mod.Config, engine: str, n_targets: int) -> dict[str, Any]:
+def _options(cfg: config_mod.Config, engine: str, n_targets: int,
+             indices: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The engine's options for a case over the first `n_targets` targets (or the targets at
+    `indices`, with their write caps)."""
     opts = dict(cfg.engine_options.get(engine, {}))
     fields = {f.name for f in dataclasses.fields(REGISTRY[engine].Options)}
     if "device" in fields and "device" not in opts:
         opts["device"] = cfg.device
-    caps = cfg.target_caps()[:n_targets]
+    all_caps = cfg.target_caps()
+    caps = [all_caps[i] for i in indices] if indices is not None else all_caps[:n_targets]
     if "max_write_bw" in fields and any(caps):
         opts["max_write_bw"] = caps
     return opts
@@ -208,7 +221,16 @@ class Runner:
             self.notes.append(f"page cache not dropped between cases: {drop_reason}")
             self.log(f"warning: {drop_reason}")
         if cfg.ceilings.enabled and "ceilings" not in envb:
-            envb["ceilings"] = self._ceilings(targets, wls)
+            try:
+                envb["ceilings"] = self._ceilings(targets, wls)
+                envb.pop("ceilings_error", None)
+            except (OSError, RuntimeError, ValueError) as e:
+                # A ceiling is a reference, not the benchmark: a probe that cannot finish (a
+                # full disk, fio failing) is said loudly, and the engines still run.
+                why = " ".join(str(e).split())[:300]
+                envb["ceilings_error"] = why
+                self.notes.append(f"device ceilings not measured: {why}")
+                self.log(f"warning: device ceilings not measured ({why}); no efficiency columns")
         self.ceilings = envb.get("ceilings")
         envb["notes"] = sorted(set(envb.get("notes", []) + self.notes))
         results.write_json(os.path.join(self.run_dir, "env.json"), envb)
@@ -339,63 +361,102 @@ class Runner:
         cfg = self.cfg
         case_id, warm, rep = self._key(w, n_targets, engine, i)
         name = f"ckptbench-{self.run_id}-{case_id}-{'w' if warm else 'r'}{rep}"
-        opts = getattr(eng, "options", None)
-        row: dict[str, Any] = {
-            "run_id": self.run_id, "case_id": case_id, "engine": engine,
-            "device": self.device.kind, "emulated": self.device.emulated, "gds_mode": "none",
-            "workload": w.id, "total_bytes": total, "tensor_bytes": w.tensor_bytes,
-            "n_tensors": n_tensors, "n_targets": n_targets, "targets_used": 0, "rep": rep,
-            "warmup": warm, "stall_s": None, "persist_s": None, "total_s": None,
-            "restore_s": None, "hash_s": None, "wait_prev_s": None, "pinned_bytes": None,
-            "page_cache_peak_bytes": None, "rss_peak_bytes": None, "cpu_user_s": None,
-            "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
-            "cache_dropped": self.cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
-            "options": json.dumps(dataclasses.asdict(opts), sort_keys=True) if opts else "{}",
-            "capped": any(cfg.target_caps()[:n_targets]) and REGISTRY[engine].stripes,
-            "persist_efficiency": None, "snapshot_efficiency": None,
-            "verified": False, "error": "",
-        }  # fmt: skip
-        sampler = measure.Sampler()
+        capped = any(cfg.target_caps()[:n_targets]) and REGISTRY[engine].stripes
+        row = new_row(cfg, self.run_id, case_id, engine, eng, self.device, w, total, n_tensors,
+                      n_targets, warm, rep, self.cache_dropped, capped)  # fmt: skip
         try:
-            sampler.start()
-            try:
-                res = eng.save(state, name).wait()
-            finally:
-                sample = sampler.stop()
-            row.update(
-                gds_mode=res.gds_mode, targets_used=res.targets_used, stall_s=res.stall_s,
-                persist_s=res.persist_s, total_s=res.total_s, hash_s=res.hash_s,
-                wait_prev_s=res.wait_prev_s, pinned_bytes=eng.pinned_bytes,
-                checksums=res.checksums, staging_grew=res.staging_grew,
-                copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
-            )  # fmt: skip
-            row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, self.ceilings)
-            measure.evict_files(eng.cached_files(name))
-            t0 = measure.now_ns()
-            loaded = eng.load(name, device=str(self.device.torch_device))
-            self.device.synchronize()
-            row["restore_s"] = (measure.now_ns() - t0) / 1e9
-            if cfg.verify:
-                check = (
-                    verify.first_tensor_difference
-                    if engine in BASELINES
-                    else verify.first_difference
-                )
-                diff = check(state, loaded)
-                row["verified"] = diff is None
-                if diff:
-                    row["error"] = f"restored state differs at {diff}"
-            del loaded
+            save_phase(row, eng, state, name, self.ceilings)
+            restore_phase(row, eng, engine, state, name, self.device, cfg.verify)
         except Exception as e:  # noqa: BLE001 - one bad case must not lose the sweep
-            row["error"] = f"{type(e).__name__}: {e}".replace("\n", " ")
+            row["error"] = error_text(e)
             if not isinstance(e, UserError | OSError):
                 self.log(traceback.format_exc())
         finally:
-            try:
-                eng.delete(name)
-            except OSError as e:
-                self.log(f"could not delete checkpoint {name}: {e}")
+            delete_checkpoint(eng, name, self.log)
         return row
+
+
+# --- one repetition, in phases (bench.distributed puts barriers between them) -----------------
+
+
+def new_row(cfg: config_mod.Config, run_id: str, case_id: str, engine: str, eng: Any,
+            device: devices.Device, w: Workload, total: int, n_tensors: int, n_targets: int,
+            warm: bool, rep: int, cache_dropped: bool, capped: bool) -> dict[str, Any]:  # fmt: skip
+    """A result row with the case's identity filled and every measurement empty; a
+    single-process row (rank 0 of 1 on this host)."""
+    opts = getattr(eng, "options", None)
+    return {
+        "run_id": run_id, "case_id": case_id, "engine": engine,
+        "device": device.kind, "emulated": device.emulated, "gds_mode": "none",
+        "workload": w.id, "total_bytes": total, "tensor_bytes": w.tensor_bytes,
+        "n_tensors": n_tensors, "n_targets": n_targets, "targets_used": 0, "rep": rep,
+        "warmup": warm, "stall_s": None, "persist_s": None, "total_s": None,
+        "restore_s": None, "hash_s": None, "wait_prev_s": None, "pinned_bytes": None,
+        "page_cache_peak_bytes": None, "rss_peak_bytes": None, "cpu_user_s": None,
+        "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
+        "cache_dropped": cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
+        "options": json.dumps(dataclasses.asdict(opts), sort_keys=True) if opts else "{}",
+        "capped": capped, "persist_efficiency": None, "snapshot_efficiency": None,
+        "verified": False, "error": "",
+        "rank": 0, "world_size": 1, "node": socket.gethostname(), "node_rank": 0,
+        "aggregate": False, "ranks_active": 1, "target_map": "",
+    }  # fmt: skip
+
+
+def save_phase(row: dict[str, Any], eng: Any, state: Any, name: str,
+               ceilings: dict[str, Any] | None, after_save: Any = None) -> None:  # fmt: skip
+    """Save `state` as `name` and wait until durable, sampling memory; fills the row's save
+    columns. `after_save()`, if given, runs between save() returning and the wait (a hook for
+    fault injection). Raises what the save raised."""
+    sampler = measure.Sampler()
+    sampler.start()
+    try:
+        pending = eng.save(state, name)
+        if after_save is not None:
+            after_save()
+        res = pending.wait()
+    finally:
+        sample = sampler.stop()
+    row.update(
+        gds_mode=res.gds_mode, targets_used=res.targets_used, stall_s=res.stall_s,
+        persist_s=res.persist_s, total_s=res.total_s, hash_s=res.hash_s,
+        wait_prev_s=res.wait_prev_s, pinned_bytes=eng.pinned_bytes,
+        checksums=res.checksums, staging_grew=res.staging_grew,
+        copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
+    )  # fmt: skip
+    row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
+
+
+def restore_phase(row: dict[str, Any], eng: Any, engine: str, state: Any, name: str,
+                  device: devices.Device, check: bool, load: Any = None) -> None:  # fmt: skip
+    """Evict the checkpoint's pages, restore it (timed) and, if `check`, compare it with the
+    source byte for byte; fills restore_s, verified and (on a difference) error. `load(name,
+    device)` replaces `eng.load` (bench.distributed checks the world size first)."""
+    measure.evict_files(eng.cached_files(name))
+    t0 = measure.now_ns()
+    loaded = (load or eng.load)(name, device=str(device.torch_device))
+    device.synchronize()
+    row["restore_s"] = (measure.now_ns() - t0) / 1e9
+    if check:
+        compare = verify.first_tensor_difference if engine in BASELINES else verify.first_difference
+        diff = compare(state, loaded)
+        row["verified"] = diff is None
+        if diff:
+            row["error"] = f"restored state differs at {diff}"
+    del loaded
+
+
+def error_text(e: BaseException) -> str:
+    """An exception as one line for the row's error column."""
+    return f"{type(e).__name__}: {e}".replace("\n", " ")
+
+
+def delete_checkpoint(eng: Any, name: str, log: Any) -> None:
+    """Remove checkpoint `name`; a failure is logged, never raised."""
+    try:
+        eng.delete(name)
+    except OSError as e:
+        log(f"could not delete checkpoint {name}: {e}")
 
 
 def summary(run_dir: str) -> pd.DataFrame:

@@ -106,7 +106,9 @@ def test_caps_in_config(tmp_path):
         }
     )
     assert cfg.target_caps() == [400_000_000, 1_000_000_000, 400_000_000]
-    with pytest.raises(UserError, match=r"targets\.1\.max_write_bw: cannot read '1 furlong/s' as a bandwidth"):
+    with pytest.raises(
+        UserError, match=r"targets\.1\.max_write_bw: cannot read '1 furlong/s' as a bandwidth"
+    ):
         config.from_dict(
             {"engines": ["cpu-single"], "total_sizes": ["8MiB"], "tensor_sizes": ["1MiB"],
              "targets": ["a", {"path": "b", "max_write_bw": "1 furlong/s"}]}

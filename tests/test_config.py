@@ -119,7 +119,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single: engine cpu-single: unknown option 'chunkbytes' "
-            "(known: checksums, chunk_bytes, device, threads_per_target)",
+            "(known: checksums, chunk_bytes, device, max_write_bw, staging_chunks, threads_per_target)",
         ),
         (
             {"engine_options": {"torch-save": {"threads": 2}}},

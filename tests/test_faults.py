@@ -3,6 +3,7 @@ loop device, SIGINT to a running `ckptbench run`, `--resume`, and two runs shari
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -147,6 +148,11 @@ def test_full_disk_mid_sweep_is_an_error_row(small_fs, scratch, monkeypatch, on_
     assert rows["verified"].tolist() == [True, False] + ([True] if on_error == "continue" else [])
     assert "No space left on device" in rows["error"][1]
     assert [p for p in small_fs.rglob("*") if p.is_file() and p.name != "filler"] == []
+    # The ceiling probe (64 MiB into 40 MiB free) hit the full disk first: said, not fatal.
+    env = json.loads((Path(r.run_dir) / "env.json").read_text())
+    assert "ceilings" not in env
+    assert "No space left on device" in env["ceilings_error"]
+    assert any(n.startswith("device ceilings not measured") for n in env["notes"])
 
 
 # -- interruption and resume -----------------------------------------------------------------

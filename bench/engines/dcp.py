@@ -4,7 +4,9 @@
 generation directory of `NAME/` in the first target (DCP writes `thread_count` data files and a
 `.metadata`), committed atomically once DCP's future completes (see bench.engines.baseline). The stall
 ends when async_save returns (DCP has staged the state in host memory); durable when its future
-completes. Runs in a single process here (no process group).
+completes. Runs in a single process here: in a multi-rank run (bench.distributed) each rank
+saves and loads its own shard alone (`no_dist`), not through DCP's collective save into one
+shared directory.
 
 DCP stores non-tensor values pickled and loads with string keys (an optimizer's integer keys come
 back as strings); the benchmark compares tensors, not key types, for this baseline.
@@ -67,7 +69,7 @@ class Dcp(BaselineEngine):
         d = self._begin(name, save_id)
         writer = dcp.FileSystemWriter(d, sync_files=True, thread_count=self.options.thread_count)
         try:
-            future = dcp.async_save(state, storage_writer=writer)
+            future = dcp.async_save(state, storage_writer=writer, **_no_dist())
         except BaseException:
             self._abort(name, save_id)
             raise
@@ -100,7 +102,10 @@ class Dcp(BaselineEngine):
         )
 
         d = self.current_dir(name)
-        state = _load_state_dict_from_keys(checkpoint_id=d)
+        if _no_dist():
+            state = _load_alone(d)
+        else:
+            state = _load_state_dict_from_keys(checkpoint_id=d)
         if device != "cpu":
             state = _to(state, device)
         return state
@@ -120,3 +125,26 @@ def _to(obj: Any, device: str) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(_to(v, device) for v in obj)
     return obj
+
+
+def _no_dist() -> dict[str, Any]:
+    """`{"no_dist": True}` when a process group is up (a multi-rank run), else `{}`: DCP would
+    otherwise plan the save across every rank of the group, and every rank would have to call it
+    together."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    return {"no_dist": True} if dist.is_available() and dist.is_initialized() else {}
+
+
+def _load_alone(d: str) -> dict[str, Any]:
+    """Load a whole DCP checkpoint into this process without the process group's collectives."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.default_planner import (  # noqa: PLC0415
+        _EmptyStateDictLoadPlanner,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # noqa: PLC0415
+
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=dcp.FileSystemReader(d), no_dist=True,
+                     planner=_EmptyStateDictLoadPlanner())  # fmt: skip
+    return sd
