@@ -287,6 +287,8 @@ def _ceilings_text(c: Any, prefix: str = "") -> str:
             parts.append(_ceilings_text(v, f"{name}."))
         elif k.endswith("_Bps") and isinstance(v, int | float):
             parts.append(f"{name[:-4]} {v / 1e9:.2f} GB/s")
+        elif k.endswith("_runs") and isinstance(v, list):
+            parts.append(f"{name} {' '.join(f'{x / 1e9:.2f}' for x in v)} GB/s")
         else:
             parts.append(f"{name} {v}")
     return "; ".join(parts)

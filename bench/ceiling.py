@@ -166,21 +166,31 @@ def measure(
     use_fio: bool = True,
     drop: Any = None,
     caps: list[int | None] | None = None,
+    repetitions: int = 1,
 ) -> dict[str, Any]:
     """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H).
 
-    `drop` (if given) is called before each storage measurement to empty the page cache.
+    Each storage ceiling is the median of `repetitions` runs, the direct and buffered runs
+    alternating; every run is kept (`*_runs`, B/s). `drop` (if given) is called before each
+    storage measurement to empty the page cache.
     """
     version = fio_version() if use_fio else None
     write = fio_write if version else builtin_write
-    per_n: dict[str, dict[str, float]] = {}
+    per_n: dict[str, dict[str, Any]] = {}
+    modes = (("direct_write", True), ("buffered_write", False))
     for n in sorted(set(ssd_counts)):
         share = max(block, -(-checkpoint_bytes // n) // block * block)
-        row = {}
-        for mode, direct in (("direct_write_Bps", True), ("buffered_write_Bps", False)):
-            if drop:
-                drop()
-            row[mode] = write(targets[:n], share, block, direct, depth, caps[:n] if caps else None)
+        runs: dict[str, list[float]] = {m: [] for m, _ in modes}
+        for _ in range(repetitions):
+            for mode, direct in modes:
+                if drop:
+                    drop()
+                bw = write(targets[:n], share, block, direct, depth, caps[:n] if caps else None)
+                runs[mode].append(bw)
+        row: dict[str, Any] = {}
+        for mode, _ in modes:
+            row[f"{mode}_Bps"] = statistics.median(runs[mode])
+            row[f"{mode}_runs"] = [round(b) for b in runs[mode]]
         per_n[str(n)] = row
     return {
         "tool": version or "builtin",
@@ -188,6 +198,7 @@ def measure(
         "block_bytes": block,
         "checkpoint_bytes": checkpoint_bytes,
         "queue_depth": depth,
+        "repetitions": repetitions,
         "per_ssd_count": per_n,
         **copy_bandwidth(checkpoint_bytes, device),
     }

@@ -73,6 +73,9 @@ class CeilingSpec(_Strict):
     enabled: bool = True
     tool: Literal["auto", "fio", "builtin"] = "auto"  # auto: fio when installed
     queue_depth: PosInt = 8
+    # Each storage ceiling is the median of this many runs (all kept in env.json): one run of a
+    # virtual or shared disk can be off by a factor of several.
+    repetitions: PosInt = 3
 
 
 class RanksSpec(_Strict):

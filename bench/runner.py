@@ -215,6 +215,11 @@ class Runner:
             self.notes.append(
                 "all targets share one device: SSD-count scaling on this run is not real scaling"
             )
+        if envb.get("vm", {}).get("memory_balloon"):
+            self.notes.append(
+                "a VM with a memory balloon: memory touched afresh (new page-cache pages) may pay "
+                "a host fault per page, which slows the buffered paths (cpu-double, baselines)"
+            )
         drop_reason = measure.drop_page_cache()
         self.cache_dropped = drop_reason is None
         if drop_reason:
@@ -268,7 +273,7 @@ class Runner:
         drop = measure.drop_page_cache if self.cache_dropped else None
         out = ceiling.measure(targets, cfg.ssd_counts, largest, block, spec.queue_depth,
                               self.device, use_fio=spec.tool != "builtin", drop=drop,
-                              caps=cfg.target_caps())  # fmt: skip
+                              caps=cfg.target_caps(), repetitions=spec.repetitions)  # fmt: skip
         if drop:
             drop()
         return out
@@ -494,17 +499,27 @@ def ceiling_lines(run_dir: str) -> list[str]:
         c = json.load(f).get("ceilings")
     if not c:
         return []
+    reps = f", median of {c['repetitions']}" if c.get("repetitions", 1) > 1 else ""
     head = (f"ceilings ({c['tool']}, {sizes.format_size(c['block_bytes'])} writes, queue depth "
-            f"{c['queue_depth']}): copy into a warm buffer {c['copy_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+            f"{c['queue_depth']}{reps}): copy into a warm buffer {c['copy_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
     if c.get("d2h_Bps"):
         head += f", device-to-host {c['d2h_Bps'] / 1e9:.2f} GB/s"
     lines = [head]
     for n, v in c["per_ssd_count"].items():
-        lines.append(f"  {n} target(s): O_DIRECT {v['direct_write_Bps'] / 1e9:.2f} GB/s, "
-                     f"buffered + fsync {v['buffered_write_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+        lines.append(f"  {n} target(s): O_DIRECT {_bw(v, 'direct_write')}, "
+                     f"buffered + fsync {_bw(v, 'buffered_write')}")  # fmt: skip
     lines.append("  persist_eff: persist GB/s / the O_DIRECT (cpu-single, gds) or buffered "
                  "(cpu-double, baselines) ceiling; snapshot_eff: snapshot GB/s / copy ceiling")  # fmt: skip
     return lines
+
+
+def _bw(v: dict[str, Any], mode: str) -> str:
+    """A ceiling in GB/s, with its runs when there were several."""
+    out = f"{v[mode + '_Bps'] / 1e9:.2f} GB/s"
+    runs = v.get(mode + "_runs", [])
+    if len(runs) > 1:
+        out += " (runs " + " ".join(f"{r / 1e9:.2f}" for r in runs) + ")"
+    return out
 
 
 def mode_notes(run_dir: str) -> list[str]:

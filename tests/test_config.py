@@ -58,7 +58,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
     default = config.load("configs/default.yaml")
     assert default.total_sizes == [2**30]
     assert default.tensor_sizes == [4 * 2**20, 256 * 2**20]
-    assert default.ssd_counts == [1, 2, 4]
+    assert default.ssd_counts == [1, 4]
     assert default.resolved_targets() == [
         str(REPO / "scratch" / "bench" / f"target-{i}") for i in range(4)
     ]
@@ -119,7 +119,8 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single: engine cpu-single: unknown option 'chunkbytes' "
-            "(known: checksums, chunk_bytes, device, max_write_bw, staging_chunks, threads_per_target)",
+            "(known: checksums, chunk_bytes, copy_threads, device, max_write_bw, staging_chunks, "
+            "threads_per_target)",
         ),
         (
             {"engine_options": {"torch-save": {"threads": 2}}},

@@ -344,6 +344,43 @@ def test_checksums_off(make_engine, targets, engine):
     assert_same(loaded, state)
 
 
+def test_copy_tasks_split_large_and_batch_small_pairs():
+    import numpy as np  # noqa: PLC0415
+
+    from bench.engines.striped import copy_tasks  # noqa: PLC0415
+
+    sizes = [10, 3, 25, 0, 4, 4]
+    pairs = [(np.zeros(n, np.uint8), np.full(n, i + 1, np.uint8)) for i, n in enumerate(sizes)]
+    tasks = copy_tasks(pairs, 8)
+    # every task but the last holds at least a piece; no slice is longer than a piece
+    assert all(sum(s.nbytes for _, s in t) >= 8 for t in tasks[:-1])
+    assert all(s.nbytes <= 8 for t in tasks for _, s in t)
+    # the slices cover every pair exactly once, in order
+    flat = np.concatenate([s for t in tasks for _, s in t])
+    assert flat.tolist() == np.concatenate([s for _, s in pairs]).tolist()
+    for t in tasks:
+        for d, s in t:
+            np.copyto(d, s)
+    assert all((d == s).all() for d, s in pairs)
+
+
+@pytest.mark.parametrize("copy_threads", [1, 3])
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_parallel_snapshot_is_complete_when_save_returns(make_engine, targets, engine,
+                                                         copy_threads):  # fmt: skip
+    """Several 8 MiB copy pieces over a thread pool: every byte is in staging when save()
+    returns, so zeroing the tensors right after cannot reach the checkpoint."""
+    state = {f"big{i}": random_tensor((7 * MiB + 13 * i,), torch.uint8, seed=i) for i in range(4)}
+    state["small"] = [random_tensor((1000 + i,), torch.float32, seed=50 + i) for i in range(200)]
+    want = clone_tree(state)
+    eng = make_engine(engine, targets(2), copy_threads=copy_threads)
+    pending = eng.save(state, "ckpt")
+    for t in [*(state[f"big{i}"] for i in range(4)), *state["small"]]:
+        t.zero_()
+    pending.wait()
+    assert_same(eng.load("ckpt"), want)
+
+
 @pytest.mark.parametrize("engine", SNAPSHOT)
 def test_snapshot_engines_stall_ends_at_the_snapshot(make_engine, targets, engine):
     state = {"w": random_tensor((256, 1024), torch.float32, seed=9), "b": torch.arange(999)}

@@ -45,6 +45,9 @@ class StripedOptions:
     device: str = "auto"  # where snapshots come from: auto, cuda or host-emulated
     # Bounded staging (CPU paths): a ring of this many chunks instead of the whole state; 0: off.
     staging_chunks: int = 0
+    # Threads that copy host tensors into staging (CPU paths, host-emulated snapshot); 0: one per
+    # CPU, at most 8. A device-to-host snapshot is a DMA and ignores it.
+    copy_threads: int = 0
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Any = None
@@ -66,6 +69,11 @@ class StripedOptions:
         if not isinstance(self.staging_chunks, int) or self.staging_chunks < 0:
             raise ValueError(
                 f"staging_chunks must be 0 (off) or a positive integer, got {self.staging_chunks!r}"
+            )
+        if not isinstance(self.copy_threads, int) or self.copy_threads < 0:
+            raise ValueError(
+                f"copy_threads must be 0 (one per CPU) or a positive integer, got "
+                f"{self.copy_threads!r}"
             )
         if not isinstance(self.checksums, bool):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
@@ -107,6 +115,12 @@ class StripedEngine:
         self.staging = Staging(self.device)
         n_threads = self.options.threads_per_target * len(self.targets)
         self._pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"{self.name}-io")
+        n_copy = self.options.copy_threads or min(os.cpu_count() or 1, 8)
+        self._copy_pool = (
+            ThreadPoolExecutor(max_workers=n_copy, thread_name_prefix=f"{self.name}-copy")
+            if n_copy > 1
+            else None
+        )
         self._pending: PendingSave | None = None
         caps = self.options.max_write_bw
         if isinstance(caps, tuple) and len(caps) != len(self.targets):
@@ -337,11 +351,41 @@ class StripedEngine:
     def close(self) -> None:
         self.wait_idle()
         self._pool.shutdown(wait=True)
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown(wait=True)
         self.staging.release()
 
     @property
     def pinned_bytes(self) -> int:
         return self.staging.pinned_bytes
+
+
+COPY_PIECE = 8 << 20  # bytes per snapshot copy task
+
+
+def copy_tasks(pairs: list[tuple[np.ndarray, np.ndarray]], piece: int) -> list[list[tuple]]:
+    """Group (dst, src) byte-array pairs into tasks of about `piece` bytes each: a large pair is
+    split into pieces, small ones are batched, and the order of the bytes is kept."""
+    tasks: list[list[tuple]] = []
+    cur: list[tuple] = []
+    cur_bytes = 0
+    for dst, src in pairs:
+        n = src.nbytes
+        for lo in range(0, n, piece):
+            hi = min(n, lo + piece)
+            cur.append((dst[lo:hi], src[lo:hi]))
+            cur_bytes += hi - lo
+            if cur_bytes >= piece:
+                tasks.append(cur)
+                cur, cur_bytes = [], 0
+    if cur:
+        tasks.append(cur)
+    return tasks
+
+
+def run_copies(task: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in task:
+        np.copyto(dst, src)
 
 
 def _host_bytes(t: torch.Tensor) -> np.ndarray:
@@ -370,17 +414,26 @@ class SnapshotEngine(StripedEngine):
         offsets, used = layout.pack_offsets(entries)
         result.staging_grew = self.staging.ensure(used)
         staging, arr = self.staging.tensor, self.staging.array
+        host = []
         for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
             if not e.nbytes:
                 continue
             if t.device.type == "cpu" and t.is_contiguous():
-                # One plain memcpy per tensor: torch's parallel copy_ ends each tensor with a
-                # thread barrier, which stretches the stall badly when another process holds
-                # a core (measured: 64 x 4 MiB took 155 ms instead of 33 ms on a busy 2-core host).
-                np.copyto(arr[off : off + e.nbytes], _host_bytes(t))
+                host.append((arr[off : off + e.nbytes], _host_bytes(t)))
             else:
                 dst = staging[off : off + e.nbytes].view(t.dtype).view(t.shape)
                 dst.copy_(t, non_blocking=True)
+        # Host tensors: plain memcpys (np.copyto releases the GIL) in pieces that the copy threads
+        # take from one queue. Not torch's copy_: its parallel copy ends every tensor with a
+        # thread barrier, which stretched the stall badly when another process held a core
+        # (64 x 4 MiB: 155 ms instead of 33 ms on a busy 2-core host); a queue of pieces loses at
+        # most one piece's time to a descheduled thread (bench/PERF.md).
+        tasks = copy_tasks(host, COPY_PIECE)
+        if self._copy_pool is not None and len(tasks) > 1:
+            list(self._copy_pool.map(run_copies, tasks))
+        else:
+            for task in tasks:
+                run_copies(task)
         self.device.synchronize()
         result.pinned_bytes = self.staging.pinned_bytes
         result.stall_s = (_now() - pending.t0_ns) / 1e9
