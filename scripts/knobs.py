@@ -25,12 +25,18 @@ KNOBS = {
                                 [f"engine_options.cpu-single.threads_per_target={n}"])
                                for n in (1, 2, 4, 8)]),
     "chunk": ("cpu-single", [(f"chunk_bytes={c}", [f"engine_options.cpu-single.chunk_bytes={c}"])
-                             for c in ("4MiB", "16MiB", "64MiB")]),
+                             for c in ("4MiB", "16MiB", "32MiB", "64MiB")]),
     "checksums": ("cpu-single", [(f"checksums={v}", [f"engine_options.cpu-single.checksums={v}"])
                                  for v in ("true", "false")]),
     "ring": ("cpu-single", [(f"staging_chunks={k}",
                              [f"engine_options.cpu-single.staging_chunks={k}"])
                             for k in (0, 16, 4, 2)]),
+    "fallocate": ("cpu-single", [(f"fallocate={v}", [f"engine_options.cpu-single.fallocate={v}"])
+                                 for v in ("false", "true", "false", "true")]),
+    "fallocate-threads": ("cpu-single", [(f"fallocate=true threads_per_target={n}",
+                                          ["engine_options.cpu-single.fallocate=true",
+                                           f"engine_options.cpu-single.threads_per_target={n}"])
+                                         for n in (1, 2, 4, 8)]),
     "double-threads": ("cpu-double", [(f"threads_per_target={n}",
                                        [f"engine_options.cpu-double.threads_per_target={n}"])
                                       for n in (1, 2, 4)]),
@@ -49,6 +55,7 @@ def run_one(engine: str, sets: list[str], reps: int, size: str) -> dict[str, flo
     persist = df["persist_s"].where(df["persist_s"] > 0, df["total_s"])
     return {
         "persist_GBps": float((df["total_bytes"] / persist).median() / 1e9),
+        "e2e_GBps": float((df["total_bytes"] / df["total_s"]).median() / 1e9),
         "stall_s": float(df["stall_s"].median()),
         "total_s": float(df["total_s"].median()),
         "pinned_MiB": float(df["pinned_bytes"].median() / 2**20),
@@ -67,13 +74,17 @@ def main() -> int:
     unknown = [k for k in a.knobs if k not in KNOBS]
     if unknown:
         p.error(f"unknown knob {unknown[0]!r} (known: {', '.join(KNOBS)})")
-    print("| engine | setting | persist GB/s | stall s | total s | pinned MiB | hash s | n | run |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| engine | setting | persist GB/s | end-to-end GB/s | stall s | total s | pinned MiB | "
+        "hash s | n | run |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for knob in a.knobs or list(KNOBS):
         engine, settings = KNOBS[knob]
         for label, sets in settings:
             r = run_one(engine, sets, a.reps, a.size)
-            print(f"| {engine} | {label} | {r['persist_GBps']:.2f} | {r['stall_s']:.3f} | "
+            print(f"| {engine} | {label} | {r['persist_GBps']:.2f} | {r['e2e_GBps']:.2f} | "
+                  f"{r['stall_s']:.3f} | "
                   f"{r['total_s']:.3f} | {r['pinned_MiB']:.0f} | {r['hash_s']:.3f} | {r['n']} | "
                   f"{r['run']} |", flush=True)  # fmt: skip
     return 0

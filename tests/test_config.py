@@ -119,7 +119,8 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single: engine cpu-single: unknown option 'chunkbytes' "
-            "(known: checksums, chunk_bytes, copy_threads, device, max_write_bw, staging_chunks, "
+            "(known: checksums, chunk_bytes, copy_threads, device, fallocate, max_write_bw, "
+            "staging_chunks, "
             "threads_per_target)",
         ),
         (

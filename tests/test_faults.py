@@ -77,11 +77,16 @@ def _fill(fs: Path, leave: int) -> None:
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("fallocate", [False, True], ids=["mid-write", "at-preallocation"])
 @pytest.mark.parametrize("engine", ["cpu-single", "cpu-double", "gds"])
-def test_enospc_mid_write_removes_partial_files_and_keeps_the_old_checkpoint(small_fs, engine):
+def test_enospc_mid_write_removes_partial_files_and_keeps_the_old_checkpoint(
+    small_fs, engine, fallocate
+):
+    """Without preallocation the disk fills while the data is written; with it, when the file
+    is reserved. Either way: ENOSPC, no partial files, the old checkpoint intact."""
     t = small_fs / "t0"
     t.mkdir()
-    eng = create(engine, [str(t)], chunk_bytes="1MiB")
+    eng = create(engine, [str(t)], chunk_bytes="1MiB", fallocate=fallocate)
     try:
         old = synthetic_state(8 * MiB, MiB, seed=1)
         eng.save(old, "x").wait()

@@ -11,6 +11,7 @@ where the bytes come from and how they are written:
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -48,6 +49,10 @@ class StripedOptions:
     # Threads that copy host tensors into staging (CPU paths, host-emulated snapshot); 0: one per
     # CPU, at most 8. A device-to-host snapshot is a DMA and ignores it.
     copy_threads: int = 0
+    # Reserve each data file's full length (posix_fallocate) before writing: O_DIRECT writes
+    # inside the file's size can run in parallel, where appends that extend it are serialised by
+    # the filesystem (ext4 takes its inode lock exclusively for them). See bench/PERF.md.
+    fallocate: bool = True
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Any = None
@@ -77,6 +82,8 @@ class StripedOptions:
             )
         if not isinstance(self.checksums, bool):
             raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
+        if not isinstance(self.fallocate, bool):
+            raise ValueError(f"fallocate must be true or false, got {self.fallocate!r}")
 
 
 def _now() -> int:
@@ -224,9 +231,11 @@ class StripedEngine:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.o_direct else 0)
         fds: dict[int, int] = {}
         try:
-            for t in file_bytes:
+            for t, n in file_bytes.items():
                 path = layout.data_file(self.targets, result.name, t, result.save_id)
                 fds[t] = os.open(path, flags, 0o644)
+                if self.options.fallocate and n:
+                    _preallocate(fds[t], n)
         except BaseException:
             self._close(fds, [])
             raise
@@ -361,6 +370,17 @@ class StripedEngine:
 
 
 COPY_PIECE = 8 << 20  # bytes per snapshot copy task
+
+
+def _preallocate(fd: int, n: int) -> None:
+    """Reserve `n` bytes for the file; a filesystem without fallocate is simply skipped, and a
+    full disk fails here, before any data is written."""
+    try:
+        os.posix_fallocate(fd, 0, n)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return
+        raise
 
 
 def copy_tasks(pairs: list[tuple[np.ndarray, np.ndarray]], piece: int) -> list[list[tuple]]:
