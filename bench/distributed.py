@@ -555,7 +555,7 @@ class DistributedRunner(runner.Runner):
         if w.size != self.spec.nproc:
             self.notes.append(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
         ceil = w.agree("the ceilings",
-                       (lambda: self._ceilings(self.targets, wls))
+                       (lambda: self.measure_ceilings(self.targets, wls)[0])
                        if cfg.ceilings.enabled and w.rank == 0 and not self.resume
                        else (lambda: None), timeout_s=SETUP_TIMEOUT_S)  # fmt: skip
         if w.rank == 0:

@@ -226,16 +226,12 @@ class Runner:
             self.notes.append(f"page cache not dropped between cases: {drop_reason}")
             self.log(f"warning: {drop_reason}")
         if cfg.ceilings.enabled and "ceilings" not in envb:
-            try:
-                envb["ceilings"] = self._ceilings(targets, wls)
+            ceil, why = self.measure_ceilings(targets, wls)
+            if ceil is not None:
+                envb["ceilings"] = ceil
                 envb.pop("ceilings_error", None)
-            except (OSError, RuntimeError, ValueError) as e:
-                # A ceiling is a reference, not the benchmark: a probe that cannot finish (a
-                # full disk, fio failing) is said loudly, and the engines still run.
-                why = " ".join(str(e).split())[:300]
+            else:
                 envb["ceilings_error"] = why
-                self.notes.append(f"device ceilings not measured: {why}")
-                self.log(f"warning: device ceilings not measured ({why}); no efficiency columns")
         self.ceilings = envb.get("ceilings")
         envb["notes"] = sorted(set(envb.get("notes", []) + self.notes))
         results.write_json(os.path.join(self.run_dir, "env.json"), envb)
@@ -253,6 +249,19 @@ class Runner:
             self.bar.close()
             self.writer.close()
         return self.run_dir
+
+    def measure_ceilings(self, targets: list[str],
+                         wls: list[Workload]) -> tuple[dict[str, Any] | None, str]:  # fmt: skip
+        """(the ceilings, "") or, when a probe cannot finish (a full disk, fio failing), (None,
+        why): a ceiling is a reference, not the benchmark, so that is said loudly in the notes
+        and the engines still run, without efficiency columns."""
+        try:
+            return self._ceilings(targets, wls), ""
+        except (OSError, RuntimeError, ValueError) as e:
+            why = " ".join(str(e).split())[:300]
+            self.notes.append(f"device ceilings not measured: {why}")
+            self.log(f"warning: device ceilings not measured ({why}); no efficiency columns")
+            return None, why
 
     def _ceilings(self, targets: list[str], wls: list[Workload]) -> dict[str, Any] | None:
         """Measure the device ceilings for this sweep (see bench.ceiling)."""
