@@ -2,7 +2,7 @@
 
 Each later run is compared with the first (A): medians, the ratio run / A of a metric with a 95%
 percentile-bootstrap confidence interval (scipy) and a Mann-Whitney U p-value, and "not
-significant" when the interval holds 1, i.e. when the difference is inside the noise.
+significant" unless the interval excludes 1 and p < 0.05, i.e. when the difference may be noise.
 
 Runs whose essential environment differs are refused (unless forced, and then the report says so
 loudly): a different device kind, host-emulated against real, or an engine that ran in another
@@ -227,9 +227,9 @@ def write(c: Comparison, outdir: str) -> list[str]:
     d.ul([f"{_letter(i)}: `{r.run_id}`, storage {_storage(r)}" for i, r in enumerate(c.runs)])
     d.p(f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
         "percentile-bootstrap interval (scipy.stats.bootstrap, 4000 resamples) and a two-sided "
-        "Mann-Whitney U p-value; 'not significant' when the interval holds 1. With 3 "
-        "repetitions a side the interval is wide and p cannot fall below 0.1: run more "
-        "repetitions to resolve small differences.")  # fmt: skip
+        "Mann-Whitney U p-value; 'not significant' unless the interval excludes 1 and p < "
+        "0.05. With 3 repetitions a side p cannot fall below 0.1, so nothing is called "
+        "significant: run 5 or more repetitions to resolve differences.")  # fmt: skip
     d.table(*table_rows(c))
     if c.warnings:
         d.h(2, "Differences between the runs")

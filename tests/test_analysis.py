@@ -192,6 +192,10 @@ def test_ratio_ci() -> None:
     assert r.p_value == pytest.approx(0.0079, abs=1e-4)  # exact two-sided U test, 5 vs 5
     same = stats.ratio_ci(a, a)
     assert same.ratio == 1 and not same.significant
+    # 3 against 3, all of B above all of A: the bootstrap interval excludes 1, but a rank test
+    # cannot go below p = 0.1 with so few values, so the difference is not called significant
+    three = stats.ratio_ci([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
+    assert three.low > 1 and three.p_value == pytest.approx(0.1) and not three.significant
     one = stats.ratio_ci([1.0], [2.0, 2.1])
     assert one.ratio == pytest.approx(2.05) and not one.significant
 

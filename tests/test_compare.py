@@ -63,7 +63,7 @@ def test_shared_cases_and_numbers(ab: compare.Comparison) -> None:
         assert r.median_b == pytest.approx(mb)
         assert r.ratio == pytest.approx(mb / ma)
         assert r.ci_low <= r.ratio <= r.ci_high
-        assert r.significant == (r.ci_low > 1 or r.ci_high < 1)
+        assert r.significant == ((r.ci_low > 1 or r.ci_high < 1) and r.p_value < 0.05)
         if not r.significant:
             assert r.verdict == "not significant"
         else:
