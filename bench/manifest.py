@@ -8,6 +8,9 @@ A checkpoint named NAME saved over targets T0..Tn-1 is:
   checkpoint: a save that died before its commit is never taken for a complete one. The order of
   targets matters: the manifest lives in the first target, and extents name targets by index; the
   manifest records the list it was saved with and loading with another list is refused.
+- `Ti/NAME/.targets` in every target: the target list that claimed NAME there, written before
+  any data. An engine over another list that overlaps it may not save, delete or clean NAME
+  there (its files would be taken for leftovers of its own).
 
 Saving under an existing name writes the new generation beside the old one and switches by the
 manifest's rename, so readers see the old checkpoint or the new one, never a mix; the old
@@ -236,6 +239,70 @@ def _marker(save_id: str) -> str:
     return f".saving-{save_id}"
 
 
+TARGETS_RECORD = ".targets"
+
+
+def _record_path(target: str, name: str) -> str:
+    return os.path.join(checkpoint_dir(target, name), TARGETS_RECORD)
+
+
+def _recorded(target: str, name: str) -> list[str] | None:
+    """The target list that claimed `target/name` (see `claim`), or None if none did."""
+    path = _record_path(target, name)
+    try:
+        with open(path) as f:
+            got = json.load(f)["targets"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"checkpoint {name!r}: cannot read {path} ({e}); remove it by hand"
+        ) from None
+    return [str(t) for t in got]
+
+
+def check_claim(targets: list[str], name: str) -> None:
+    """Refuse (UserError) when a folder `Ti/NAME` belongs to a checkpoint of another target list:
+    saving or deleting there would destroy that checkpoint's stripe."""
+    mine = [os.path.realpath(t) for t in targets]
+    for t in targets:
+        theirs = _recorded(t, name)
+        if theirs is not None and theirs != mine:
+            raise UserError(
+                f"target {t}: already holds checkpoint {name!r} of the targets {theirs}; with "
+                f"{list(targets)} it would be destroyed: use another name, or the same targets "
+                "in the same order"
+            )
+
+
+def claim(targets: list[str], name: str) -> None:
+    """Record in every `Ti/NAME/` which target list the checkpoint `name` there belongs to, after
+    checking (`check_claim`) that no other list holds it; nothing is written on a refusal."""
+    check_claim(targets, name)
+    body = json.dumps({"targets": [os.path.realpath(t) for t in targets]})
+    for t in targets:
+        path = _record_path(t, name)
+        if os.path.exists(path):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "w") as f:
+            f.write(body)
+        os.replace(tmp, path)
+
+
+def release(targets: list[str], name: str) -> None:
+    """Drop the target-list record where it is all that `Ti/NAME/` holds (a first save of NAME
+    that failed): the name is free again for any list."""
+    for t in targets:
+        d = checkpoint_dir(t, name)
+        try:
+            if os.listdir(d) == [TARGETS_RECORD]:
+                os.unlink(os.path.join(d, TARGETS_RECORD))
+        except FileNotFoundError:
+            pass
+
+
 def begin(targets: list[str], name: str, save_id: str) -> None:
     """Create the checkpoint directories and mark this save as running (for leftover checks)."""
     info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
@@ -306,11 +373,25 @@ def leftovers(targets: list[str], name: str, keep: str | None = None) -> list[st
             with open(os.path.join(d, "current")) as f:
                 keep_ids.add(f.read().strip())
     out = []
-    for d, files in listing.items():
+    mine = [os.path.realpath(t) for t in targets]
+    for t in targets:
+        d = checkpoint_dir(t, name)
+        if d not in listing:
+            continue
+        files = listing[d]
+        try:
+            theirs = _recorded(t, name)
+        except UserError:
+            continue  # an unreadable claim: leave the folder alone
+        # A folder that a checkpoint of another target list claimed: its data and manifest
+        # files are that checkpoint's, however they look from here.
+        foreign = theirs is not None and theirs != mine
         live = {
             _save_id_of(f) for f in files if f.startswith(".saving-") and _alive(os.path.join(d, f))
         }
         for f in files:
+            if foreign and f.startswith(("data-", MANIFEST)):
+                continue
             sid = _save_id_of(f)
             if sid is not None and sid not in keep_ids and sid not in live:
                 out.append(os.path.join(d, f))
@@ -351,7 +432,8 @@ def status(targets: list[str], name: str) -> str:
     if committed(targets, name) is not None:
         return "complete"
     if leftovers(targets, name) or any(
-        os.path.exists(checkpoint_dir(t, name)) and os.listdir(checkpoint_dir(t, name))
+        os.path.exists(checkpoint_dir(t, name))
+        and set(os.listdir(checkpoint_dir(t, name))) - {TARGETS_RECORD}
         for t in targets
     ):
         return "incomplete"

@@ -142,8 +142,10 @@ def _drain(conn: Connection) -> bool:
 
 
 def committed_files(m: manifest.Manifest, t: int) -> set[str]:
+    """What target t holds for the committed checkpoint: its data file (if it has data), the
+    record of the target list, and on the first target the manifest."""
     out = {m.files[t]["file"]} if t in m.files else set()
-    return out | ({"manifest.json"} if t == 0 else set())
+    return out | {manifest.TARGETS_RECORD} | ({"manifest.json"} if t == 0 else set())
 
 
 def check_directories(dirs: list[str], name: str, leftovers: list[str]) -> manifest.Manifest:

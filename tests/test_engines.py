@@ -138,8 +138,9 @@ def check_files(dirs: list[str], name: str) -> dict[str, Any]:
     """The on-disk layout matches the manifest; returns the manifest as JSON.
 
     Each target holds exactly this save's data file (`data-i.SAVEID.bin`, named in the manifest)
-    if it holds data, the first one also the manifest, and nothing else: no marker of the save,
-    no temp file, no file of an older generation.
+    if it holds data, the record of the target list (`.targets`), the first one also the
+    manifest, and nothing else: no marker of the save, no temp file, no file of an older
+    generation.
     """
     m = read_manifest(dirs, name)
     files = m["files"]
@@ -154,6 +155,9 @@ def check_files(dirs: list[str], name: str) -> dict[str, Any]:
             assert size == files[str(i)]["bytes"], f"target {i}: file has {size} bytes"
         if i == 0:
             expected.append("manifest.json")
+        expected.append(".targets")
+        record = json.loads((Path(d) / name / ".targets").read_text())
+        assert record == {"targets": [os.path.realpath(x) for x in dirs]}, f"target {i}"
         assert sorted(os.listdir(Path(d) / name)) == sorted(expected), f"target {i}"
     # Extents: inside their files, never overlapping, adding up to each tensor.
     per_file: dict[int, list[tuple[int, int]]] = {}

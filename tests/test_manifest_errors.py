@@ -54,8 +54,13 @@ def data_file(dirs: list[str], t: int, name: str = "ckpt") -> Path:
 
 
 def listing(dirs: list[str], name: str = "ckpt") -> dict[str, list[str]]:
-    """What every target's `NAME/` directory holds (missing directories left out)."""
-    return {d: sorted(os.listdir(Path(d) / name)) for d in dirs if (Path(d) / name).is_dir()}
+    """What every target's `NAME/` directory holds (missing directories left out), but for the
+    target-list record, which every save leaves and test_engines.check_files checks."""
+    return {
+        d: sorted(set(os.listdir(Path(d) / name)) - {manifest.TARGETS_RECORD})
+        for d in dirs
+        if (Path(d) / name).is_dir()
+    }
 
 
 @pytest.fixture
@@ -94,6 +99,52 @@ def test_another_first_target_finds_no_checkpoint(make_engine, saved, engine):
     assert "'ckpt'" in msg
     assert os.path.join(dirs[1], "ckpt", "manifest.json") in msg
     assert "another first target" in msg
+
+
+@pytest.mark.parametrize("engine", STRIPED)
+def test_an_overlapping_target_list_cannot_destroy_a_checkpoint(make_engine, targets, engine):
+    """X saves `ckpt` over [A, B]; Y, over [B, C] (or [B, A], or [A]), may neither save nor delete
+    `ckpt`, nor `clean` it: B's stripe is X's. Nothing of Y's is written, X still loads."""
+    a, b, c = targets(3)
+    x = make_engine(engine, [a, b], chunk_bytes="8KiB")
+    state = random_state()
+    x.save(state, "ckpt").wait()
+    before = listing([a, b, c])
+    records = {d: (Path(d) / "ckpt" / manifest.TARGETS_RECORD).read_text() for d in (a, b)}
+    for other in ([b, c], [b, a], [a], [c, b]):
+        y = make_engine(engine, other, chunk_bytes="8KiB")
+        with pytest.raises(UserError) as e:
+            y.save(random_state(seed=1), "ckpt")
+        msg = str(e.value)
+        assert "already holds checkpoint 'ckpt'" in msg and str([a, b]) in msg
+        assert "same order" in msg
+        with pytest.raises(UserError, match="already holds checkpoint 'ckpt'"):
+            y.delete("ckpt")
+        assert manifest.leftovers(other, "ckpt") == []  # what `ckptbench clean` would remove
+        assert listing([a, b, c]) == before
+        assert {d: (Path(d) / "ckpt" / manifest.TARGETS_RECORD).read_text() for d in (a, b)} == (
+            records
+        )
+        assert not (Path(c) / "ckpt").exists()  # nothing of Y's was written
+    assert_equal_state(x.load("ckpt"), state)
+    # X's own list still saves over it, and another name is free for Y
+    x.save(random_state(seed=2), "ckpt").wait()
+    y = make_engine(engine, [b, c], chunk_bytes="8KiB")
+    y.save(state, "other").wait()
+    assert_equal_state(y.load("other"), state)
+    assert_equal_state(x.load("ckpt"), random_state(seed=2))
+
+
+def test_a_garbled_claim_is_named_and_left_alone(make_engine, targets):
+    a, b = targets(2)
+    x = make_engine("cpu-double", [a, b], chunk_bytes="8KiB")
+    x.save(random_state(), "ckpt").wait()
+    record = Path(b) / "ckpt" / manifest.TARGETS_RECORD
+    record.write_text("{not json")
+    with pytest.raises(UserError) as e:
+        x.save(random_state(seed=1), "ckpt")
+    assert str(record) in str(e.value) and "remove it by hand" in str(e.value)
+    assert_equal_state(x.load("ckpt"), random_state())
 
 
 # -- manifests ----------------------------------------------------------------------------
@@ -420,7 +471,7 @@ def leave_interrupted_save(engine: str, dirs: list[str], name: str, save_id: str
 
 
 def names_in(dirs: list[str], name: str) -> dict[str, list[str]]:
-    return {d: sorted(os.listdir(Path(d) / name)) for d in dirs if (Path(d) / name).exists()}
+    return listing(dirs, name)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")

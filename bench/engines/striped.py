@@ -180,13 +180,16 @@ class StripedEngine:
         return "none"
 
     def _begin(self, name: str, save_id: str) -> None:
-        """Remove what interrupted saves of `name` left behind, then mark this save running."""
+        """Claim `name` on the targets (refused if another target list holds it), remove what
+        interrupted saves of `name` left behind, then mark this save running."""
+        manifest.claim(self.targets, name)
         manifest.remove_files(manifest.leftovers(self.targets, name))
         manifest.begin(self.targets, name, save_id)
 
     def _abort(self, name: str, save_id: str) -> None:
         """A failed save removes its own files; the committed generation stays as it was."""
         manifest.remove_files(manifest.generation_files(self.targets, name, save_id))
+        manifest.release(self.targets, name)
 
     def _in_background(self, pending: PendingSave, persist: Any) -> None:
         """Run the persist phase in the background; on failure remove this save's files."""
@@ -348,6 +351,7 @@ class StripedEngine:
         check_name(name)
         if self._pending is not None:
             self._pending._done.wait()
+        manifest.check_claim(self.targets, name)  # never another target list's checkpoint
         manifest.uncommit(self.targets, name)
         for t in self.targets:
             shutil.rmtree(manifest.checkpoint_dir(t, name), ignore_errors=True)
