@@ -261,15 +261,7 @@ def from_dict(raw: Any, where: str = "config") -> Config:
     try:
         cfg = Config(**raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif "input" in err and not isinstance(err["input"], dict | list):
-            # Our own validators (sizes) already quote the value; pydantic's messages do not.
-            if err["type"] != "value_error":
-                msg = f"{msg}, got {err['input']!r}"
-        raise UserError(f"{where}: {_loc(err['loc'])}: {msg}") from None
+        raise validation_error(e, where) from None
     try:
         _check(cfg)
     except UserError as e:
@@ -277,8 +269,27 @@ def from_dict(raw: Any, where: str = "config") -> Config:
     return cfg
 
 
+def validation_error(e: ValidationError, where: str) -> UserError:
+    """pydantic's first error as one line naming the key path (and the value, if ours did not)."""
+    err = e.errors()[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in err and not isinstance(err["input"], dict | list):
+        # Our own validators (sizes) already quote the value; pydantic's messages do not.
+        if err["type"] != "value_error":
+            msg = f"{msg}, got {err['input']!r}"
+    return UserError(f"{where}: {_loc(err['loc'])}: {msg}")
+
+
 def load(path: str, overrides: list[str] | None = None) -> Config:
     """Read, override (`--set`) and validate a YAML config."""
+    return from_dict(read_yaml(path, overrides), f"config {path}")
+
+
+def read_yaml(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A YAML config as a mapping, with the `--set key=value` overrides applied; a missing,
+    unreadable or non-mapping file is a one-line UserError."""
     try:
         with open(path) as f:
             raw = yaml.safe_load(f)
@@ -295,7 +306,7 @@ def load(path: str, overrides: list[str] | None = None) -> Config:
         raise UserError(f"config {path}: expected a mapping of keys, got {type(raw).__name__}")
     for a in overrides or []:
         _set(raw, a)
-    return from_dict(raw, f"config {path}")
+    return raw
 
 
 def resolved(cfg: Config) -> dict[str, Any]:

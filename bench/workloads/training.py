@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import torch
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from torch import nn
 from tqdm import tqdm
 
 from bench import devices, env, measure, odirect, results, verify
+from bench.config import read_yaml, validation_error
 from bench.engines import REGISTRY, create
 from bench.engines.base import build_options
 from bench.errors import UserError
@@ -173,14 +173,7 @@ def from_dict(raw: Any, where: str = "config") -> TrainingConfig:
     try:
         cfg = TrainingConfig(**raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] != "value_error" and not isinstance(err.get("input"), dict | list):
-            msg = f"{msg}, got {err.get('input')!r}"
-        raise UserError(f"{where}: {loc}: {msg}") from None
+        raise validation_error(e, where) from None
     try:
         _check(cfg)
     except UserError as e:
@@ -189,26 +182,8 @@ def from_dict(raw: Any, where: str = "config") -> TrainingConfig:
 
 
 def load(path: str, overrides: list[str] | None = None) -> TrainingConfig:
-    """Read, override (`--set key=value`) and validate a training YAML config."""
-    from bench.config import _set  # noqa: PLC0415 - the sweep's --set, same syntax
-
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise UserError(f"config {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"config {path}: is a directory") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"config {path}: not valid YAML{line}") from None
-    raw = raw if raw is not None else {}
-    if not isinstance(raw, dict):
-        raise UserError(f"config {path}: expected a mapping of keys, got {type(raw).__name__}")
-    for a in overrides or []:
-        _set(raw, a)
-    return from_dict(raw, f"config {path}")
+    """Read, override (`--set key=value`, as for sweeps) and validate a training YAML config."""
+    return from_dict(read_yaml(path, overrides), f"config {path}")
 
 
 def resolved(cfg: TrainingConfig) -> dict[str, Any]:
