@@ -137,6 +137,18 @@ REQUIRED = [
 ]  # fmt: skip
 
 
+def read_env(run_dir: str) -> dict[str, Any]:
+    """RUN_DIR/env.json ({} if the run has none); an unreadable one is a UserError."""
+    env_path = os.path.join(run_dir, "env.json")
+    if not os.path.isfile(env_path):
+        return {}
+    try:
+        with open(env_path) as f:
+            return json.load(f)
+    except (ValueError, OSError) as e:
+        raise UserError(f"{env_path}: cannot read ({e})") from None
+
+
 def load(path: str) -> Run:
     """Read RUN_DIR (results.csv + env.json); a missing or malformed run is a UserError."""
     if not os.path.isdir(path):
@@ -151,14 +163,7 @@ def load(path: str) -> Run:
     missing = [c for c in REQUIRED if c not in raw.columns]
     if missing:
         raise UserError(f"{csv_path}: lacks columns {', '.join(missing)}")
-    env: dict[str, Any] = {}
-    env_path = os.path.join(path, "env.json")
-    if os.path.isfile(env_path):
-        try:
-            with open(env_path) as f:
-                env = json.load(f)
-        except (ValueError, OSError) as e:
-            raise UserError(f"{env_path}: cannot read ({e})") from None
+    env = read_env(path)
     rows = normalise(raw) if len(raw) else raw
     if rows.empty:
         raise UserError(f"{csv_path}: no rows")

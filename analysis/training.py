@@ -15,7 +15,6 @@ Reads results files only.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.runs import _bool, _text, label, mode_tag, order_engines
+from analysis.runs import _bool, _text, label, mode_tag, order_engines, read_env
 from analysis.stats import fmt
 from bench.errors import UserError
 
@@ -99,14 +98,7 @@ def load(path: str) -> TrainingRun:
                 df[c] = _bool(df[c])
         df["gds_mode"] = _text(df.get("gds_mode", pd.Series("none", index=df.index)), "none")
     ckpts["error"] = _text(ckpts.get("error", pd.Series("", index=ckpts.index)), "")
-    env: dict[str, Any] = {}
-    ep = os.path.join(path, "env.json")
-    if os.path.isfile(ep):
-        try:
-            with open(ep) as f:
-                env = json.load(f)
-        except (ValueError, OSError) as e:
-            raise UserError(f"{ep}: cannot read ({e})") from None
+    env = read_env(path)
     run_id = str(steps["run_id"].iloc[0]) if "run_id" in steps else os.path.basename(path)
     return TrainingRun(os.path.abspath(path), run_id, steps, ckpts, env)
 
