@@ -359,6 +359,17 @@ class Report:
     seconds: float
 
 
+def write_doc(doc: Doc, outdir: str, run_id: str) -> list[str]:
+    """report.md and report.html of `doc` in `outdir`; their paths."""
+    md = os.path.join(outdir, "report.md")
+    with open(md, "w") as f:
+        f.write(doc.markdown())
+    html_path = os.path.join(outdir, "report.html")
+    with open(html_path, "w") as f:
+        f.write(doc.html(f"ckptbench report {run_id}"))
+    return [md, html_path]
+
+
 def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
           profiles_dir: str | None = None) -> Report:  # fmt: skip
     """Write the figures (and unless figures_only, summary.csv, report.md, report.html).
@@ -405,13 +416,7 @@ def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
         csv_path = os.path.join(outdir, "summary.csv")
         table.to_csv(csv_path, index=False)
         doc = document(run, table, this, profiles, tr)
-        md = os.path.join(outdir, "report.md")
-        with open(md, "w") as f:
-            f.write(doc.markdown())
-        html_path = os.path.join(outdir, "report.html")
-        with open(html_path, "w") as f:
-            f.write(doc.html(f"ckptbench report {run.run_id}"))
-        paths += [csv_path, md, html_path]
+        paths += [csv_path, *write_doc(doc, outdir, run.run_id)]
     notes = warnings_for(run) + (training.notes(tr) if tr is not None else [])
     if contention.present(run):
         notes += [f"aggregate write bandwidth, {n}"
@@ -559,13 +564,7 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool,
         training_section(d, tr)
         d.h(2, "Environment")
         d.table(["", "value"], training_env_rows(tr.env))
-        md = os.path.join(outdir, "report.md")
-        with open(md, "w") as f:
-            f.write(d.markdown())
-        html_path = os.path.join(outdir, "report.html")
-        with open(html_path, "w") as f:
-            f.write(d.html(f"ckptbench report {tr.run_id}"))
-        paths += [csv_path, md, html_path]
+        paths += [csv_path, *write_doc(d, outdir, tr.run_id)]
     return Report(outdir, paths, table, summary_text, training.notes(tr), time.perf_counter() - t0)
 
 
