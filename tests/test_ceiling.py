@@ -65,6 +65,8 @@ def test_measure_repeats_and_takes_the_median(scratch: Path) -> None:
             assert row[f"{mode}_Bps"] == pytest.approx(statistics.median(runs), rel=1e-6)
     assert len(drops) == 2 * 2 * 3  # the page cache is dropped before every storage run
     assert out["copy_Bps"] > 1e8 and "d2h_Bps" not in out
+    assert len(out["copy_runs"]) == 5
+    assert out["copy_Bps"] == pytest.approx(statistics.median(out["copy_runs"]), rel=1e-3)
 
 
 def test_efficiency_of_a_row() -> None:
