@@ -258,12 +258,17 @@ def from_dict(raw: Any, where: str = "config") -> Config:
     ranks = raw.get("ranks")
     if isinstance(ranks, dict) and isinstance(ranks.get("mapping"), str):
         raw = {**raw, "ranks": {**ranks, "mapping": [ranks["mapping"]]}}
+    return validated(Config, raw, where, _check)
+
+
+def validated(model: type[BaseModel], raw: dict[str, Any], where: str, check: Any) -> Any:
+    """`model(**raw)`, then `check(cfg)`; either's first error as one line prefixed by `where`."""
     try:
-        cfg = Config(**raw)
+        cfg = model(**raw)
     except ValidationError as e:
         raise validation_error(e, where) from None
     try:
-        _check(cfg)
+        check(cfg)
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
     return cfg

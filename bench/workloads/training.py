@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, Field
 from torch import nn
 from tqdm import tqdm
 
 from bench import devices, env, measure, odirect, results, verify
-from bench.config import read_yaml, validation_error
+from bench.config import PosInt, _Strict, read_yaml, validated
 from bench.engines import REGISTRY, create
 from bench.engines.base import build_options
 from bench.errors import UserError
@@ -78,13 +78,8 @@ def _float(v: Any) -> Any:
     return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
-PosInt = Annotated[int, Field(gt=0)]
 NonNeg = Annotated[int, Field(ge=0)]
 Float = Annotated[float, BeforeValidator(_float)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelConfig(_Strict):
@@ -170,15 +165,7 @@ def from_dict(raw: Any, where: str = "config") -> TrainingConfig:
     """Validate a raw mapping; every error is one line naming the key path."""
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
-    try:
-        cfg = TrainingConfig(**raw)
-    except ValidationError as e:
-        raise validation_error(e, where) from None
-    try:
-        _check(cfg)
-    except UserError as e:
-        raise UserError(f"{where}: {e}") from None
-    return cfg
+    return validated(TrainingConfig, raw, where, _check)
 
 
 def load(path: str, overrides: list[str] | None = None) -> TrainingConfig:
