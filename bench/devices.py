@@ -30,7 +30,7 @@ class Device:
 
     def synchronize(self) -> None:
         """Wait for queued device work (copies) to finish; a no-op on the host."""
-        if self.is_cuda:
+        if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
 
 

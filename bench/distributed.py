@@ -533,10 +533,9 @@ class DistributedRunner(runner.Runner):
         w.agree("the target check", lambda: self._check_targets(wls))
         paths = {g.key: got[0] for g in self.groups if (got := self.my_targets(g))}
         paths_all = w.all_gather(paths, "the target check")
-        for e in cfg.engines:
-            reason = REGISTRY[e].unavailable()
-            if reason:
-                raise UserError(f"engines: {e} cannot run here: {reason}")
+        self.skipped_engines = runner.skipped_engines(cfg)
+        for e, why in self.skipped_engines.items():
+            self.notes.append(f"engine {e} skipped: it cannot run here: {why}")
         head = w.agree("the run directory", self._open_run if w.rank == 0 else lambda: None)
         head = w.all_gather(head, "the run directory")[0]
         self.run_id, self.run_dir, done = head["run_id"], head["run_dir"], head["done"]

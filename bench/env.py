@@ -118,8 +118,18 @@ def kvikio_info() -> dict[str, Any]:
 
     info: dict[str, Any] = {"available": True, "version": getattr(kvikio, "__version__", None),
                             "mode": kvikio_mode(kvikio)}  # fmt: skip
+
+    def props() -> Any:
+        return kvikio.cufile_driver.properties
+
     for key, fn in [("compat_mode", lambda: str(kvikio.defaults.get("compat_mode"))),
-                    ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version())]:  # fmt: skip
+                    ("num_threads", lambda: kvikio.defaults.get("num_threads")),
+                    ("task_size", lambda: kvikio.defaults.get("task_size")),
+                    ("gds_threshold", lambda: kvikio.defaults.get("gds_threshold")),
+                    ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version()),
+                    ("nvidia_fs_available", lambda: bool(props().is_gds_available)),
+                    ("nvidia_fs_version", lambda: f"{props().major_version}.{props().minor_version}"),
+                    ("cufile_allow_compat_mode", lambda: bool(props().allow_compat_mode))]:  # fmt: skip
         try:
             info[key] = fn()
         except Exception as e:  # noqa: BLE001 - record, never fail the run for it

@@ -28,9 +28,9 @@ from bench.manifest import (
     Manifest,
     TensorEntry,
     checkpoint_dir,
-    checksum,
     data_file_name,
     dtype_from_name,
+    entry_matches,
 )
 
 TENSOR_ALIGN = 64  # offset of each tensor inside a staging buffer: enough for any dtype
@@ -166,29 +166,21 @@ def read_tensors(
     manifest: Manifest,
     alloc: Callable[[int], torch.Tensor] | None = None,
     threads: int = 4,
+    only: list[int] | None = None,
 ) -> list[torch.Tensor]:
-    """Read every tensor of a checkpoint into host memory and check its checksum.
+    """Read every tensor of a checkpoint (or those at indexes `only`, in that order) into host
+    memory and check its checksum.
 
     Raises ChecksumError naming the tensor and file on a mismatch, UserError on missing or
     short files.
     """
     fds: dict[int, int] = {}
+    chosen = list(range(len(manifest.tensors))) if only is None else list(only)
     try:
-        for t, info in manifest.files.items():
-            path = _path(targets, manifest, t)
-            try:
-                fds[t] = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise UserError(
-                    f"checkpoint {manifest.name!r}: data file {path} is missing"
-                ) from None
-            size = os.fstat(fds[t]).st_size
-            if size < info["bytes"]:
-                raise UserError(
-                    f"checkpoint {manifest.name!r}: data file {path} is truncated "
-                    f"({size} of {info['bytes']} bytes)"
-                )
-        out = [(alloc or _alloc)(e.nbytes) for e in manifest.tensors]
+        check_files(targets, manifest)
+        for t in manifest.files:
+            fds[t] = os.open(_path(targets, manifest, t), os.O_RDONLY)
+        out = {i: (alloc or _alloc)(manifest.tensors[i].nbytes) for i in chosen}
 
         def read_one(i: int) -> None:
             e = manifest.tensors[i]
@@ -197,29 +189,56 @@ def read_tensors(
             for t, off, length in e.extents:
                 odirect.pread_into(fds[t], memoryview(arr)[pos : pos + length], off)
                 pos += length
-            if manifest.checksums and e.xxh3 is not None and checksum(arr) != e.xxh3:
-                files = sorted({_path(targets, manifest, x[0]) for x in e.extents})
-                raise ChecksumError(
-                    f"checkpoint {manifest.name!r}: tensor state{e.path} does not match its "
-                    f"checksum (file {', '.join(files)})"
-                )
+            if manifest.checksums:
+                check_entry(targets, manifest, e, arr)
 
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(read_one, range(len(manifest.tensors))))
-        return [_typed(buf, e) for buf, e in zip(out, manifest.tensors, strict=True)]
+            list(pool.map(read_one, chosen))
+        return [typed(out[i], manifest.tensors[i]) for i in chosen]
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def check_files(targets: list[str], manifest: Manifest) -> None:
+    """Every data file of the checkpoint exists and is long enough; else a UserError."""
+    for t, info in manifest.files.items():
+        path = _path(targets, manifest, t)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise UserError(f"checkpoint {manifest.name!r}: data file {path} is missing") from None
+        if size < info["bytes"]:
+            raise UserError(
+                f"checkpoint {manifest.name!r}: data file {path} is truncated "
+                f"({size} of {info['bytes']} bytes)"
+            )
+
+
+def check_entry(targets: list[str], manifest: Manifest, e: TensorEntry, mem: Any) -> None:
+    """Raise ChecksumError naming the tensor and its files if `mem` (its bytes, flat uint8 numpy
+    array or tensor) does not match its checksum."""
+    if not entry_matches(e, mem):
+        files = sorted({_path(targets, manifest, x[0]) for x in e.extents})
+        raise ChecksumError(
+            f"checkpoint {manifest.name!r}: tensor state{e.path} does not match its "
+            f"checksum (file {', '.join(files)})"
+        )
 
 
 def _alloc(n: int) -> torch.Tensor:
     return torch.empty(n, dtype=torch.uint8)
 
 
-def _typed(buf: torch.Tensor, e: TensorEntry) -> torch.Tensor:
+def data_path(targets: list[str], m: Manifest, t: int) -> str:
+    """The data file of a committed checkpoint on target `t`."""
+    return _path(targets, m, t)
+
+
+def typed(buf: torch.Tensor, e: TensorEntry) -> torch.Tensor:
     dtype = dtype_from_name(e.dtype)
     if e.nbytes == 0:
-        return torch.empty(e.shape, dtype=dtype)
+        return torch.empty(e.shape, dtype=dtype, device=buf.device)
     return buf.view(dtype).view(e.shape)
 
 

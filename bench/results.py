@@ -22,7 +22,11 @@ COLUMNS = [
     "checksums", "staging_grew", "copied_tensors", "cache_dropped", "dtype", "options", "capped",
     "persist_efficiency", "snapshot_efficiency", "verified", "error",
     "rank", "world_size", "node", "node_rank", "aggregate", "ranks_active", "target_map",
+    "io_detail", "restore_mode",
 ]  # fmt: skip
+# io_detail: what the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's
+# settings, device/host/registered bytes, why a save was labelled compat); restore_mode: how the
+# restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`).
 # Multi-rank runs (bench.distributed) add one row per rank and one aggregate row per repetition.
 # Single-process rows: rank 0, world_size 1, node = this host, node_rank 0, aggregate False,
 # ranks_active 1, target_map "". Aggregate rows: rank -1, node "", node_rank -1, aggregate True.

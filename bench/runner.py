@@ -74,6 +74,20 @@ def preflight(cfg: config_mod.Config, targets: list[str], wls: list[Workload],
     check_space(cfg, targets, wls, scale)
 
 
+def skipped_engines(cfg: config_mod.Config) -> dict[str, str]:
+    """The engines of `cfg` that cannot run here with their options, and why; a UserError if
+    none can."""
+    out = {}
+    for e in cfg.engines:
+        reason = REGISTRY[e].unavailable(_options(cfg, e, 1))
+        if reason:
+            out[e] = reason
+    if len(out) == len(cfg.engines):
+        e, why = next(iter(out.items()))
+        raise UserError(f"engines: no engine of the config can run here ({e}: {why})")
+    return out
+
+
 def check_dirs(dirs: list[str], engines: list[str]) -> None:
     """Each directory exists and is writable, and takes O_DIRECT if an engine needs it."""
     for t in dirs:
@@ -185,6 +199,7 @@ class Runner:
         self.notes: list[str] = []
         self.run_dir: str | None = None
         self.done: set[tuple[str, bool, int]] = set()
+        self.skipped_engines: dict[str, str] = {}
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -198,11 +213,11 @@ class Runner:
             for t in targets:
                 os.makedirs(t, exist_ok=True)
         wls = workloads(cfg)
+        self.skipped_engines = skipped_engines(cfg)
+        for e, why in self.skipped_engines.items():
+            self.notes.append(f"engine {e} skipped: it cannot run here: {why}")
+            self.log(f"warning: engine {e} skipped: {why}")
         preflight(cfg, targets, wls)
-        for e in cfg.engines:
-            reason = REGISTRY[e].unavailable()
-            if reason:
-                raise UserError(f"engines: {e} cannot run here: {reason}")
         self.device = device
         if self.resume:
             envb = self._resume_from(self.resume)
@@ -322,7 +337,11 @@ class Runner:
         """Engines run with N targets: the baselines write to the first target only, whatever
         N is, so they run once, at the smallest SSD count (their rows say targets_used=1)."""
         first = min(self.cfg.ssd_counts)
-        return [e for e in self.cfg.engines if REGISTRY[e].stripes or n == first]
+        return [
+            e
+            for e in self.cfg.engines
+            if e not in self.skipped_engines and (REGISTRY[e].stripes or n == first)
+        ]
 
     def _run_targets(self, targets: list[str], wls: list[Workload]) -> None:
         cfg = self.cfg
@@ -414,6 +433,7 @@ def new_row(cfg: config_mod.Config, run_id: str, case_id: str, engine: str, eng:
         "verified": False, "error": "",
         "rank": 0, "world_size": 1, "node": socket.gethostname(), "node_rank": 0,
         "aggregate": False, "ranks_active": 1, "target_map": "",
+        "io_detail": "", "restore_mode": "",
     }  # fmt: skip
 
 
@@ -437,6 +457,7 @@ def save_phase(row: dict[str, Any], eng: Any, state: Any, name: str,
         wait_prev_s=res.wait_prev_s, pinned_bytes=eng.pinned_bytes,
         checksums=res.checksums, staging_grew=res.staging_grew,
         copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
+        io_detail=json.dumps(res.extra, sort_keys=True) if res.extra else "",
     )  # fmt: skip
     row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
 
@@ -451,6 +472,7 @@ def restore_phase(row: dict[str, Any], eng: Any, engine: str, state: Any, name: 
     loaded = (load or eng.load)(name, device=str(device.torch_device))
     device.synchronize()
     row["restore_s"] = (measure.now_ns() - t0) / 1e9
+    row["restore_mode"] = getattr(eng, "restore_mode", "host")
     if check:
         compare = verify.first_tensor_difference if engine in BASELINES else verify.first_difference
         diff = compare(state, loaded)

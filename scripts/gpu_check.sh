@@ -7,8 +7,10 @@
 #
 # Makes a throwaway venv on top of the system python (--system-site-packages, so torch and cupy
 # are the system's), installs kvikio and whatever the project needs that is missing, offline,
-# then runs the harness on configs/gpu-check.yaml (gds with real kvikio, cpu-double, cpu-single
-# on a 4 GiB CUDA state), writing results/<run-id>/results.csv and env.json under ${OUT:-results}.
+# then runs the harness on configs/gpu-check.yaml (gds with real kvikio, cpu-single, cpu-double,
+# torch-save and dcp on a 4 GiB CUDA state and on a gpt2-small state with host `step` scalars,
+# each restored into CUDA memory), writing <run-id>/results.csv and env.json under
+# ${OUT:-results}; then the real-kvikio test and a table (scripts/gpu_table.py). Under 5 minutes.
 # Environment: OUT (results folder), PYTHON (default python3), GPU_CHECK_VENV (keep the venv there
 # instead of a temporary directory).
 set -euo pipefail
@@ -86,6 +88,14 @@ echo "setup took $((SECONDS - t_start)) s"
 echo "== check"
 rc=0
 "$py" -m bench engines
-"$py" -m bench run configs/gpu-check.yaml -o "$OUT_DIR" "$@" || rc=$?
-echo "gpu_check: exit $rc after $((SECONDS - t_start)) s; results in $OUT_DIR"
+mkdir -p "$OUT_DIR"
+before=$(ls "$OUT_DIR")
+"$py" -m bench run configs/gpu-check.yaml -q -o "$OUT_DIR" "$@" || rc=$?
+run_dir=$(comm -13 <(echo "$before") <(ls "$OUT_DIR") | tail -1)
+echo "== the real-kvikio test"
+"$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gds_fake.py || rc=1
+if [[ -n $run_dir ]]; then
+    "$py" scripts/gpu_table.py "$OUT_DIR/$run_dir" || rc=1
+fi
+echo "gpu_check: exit $rc after $((SECONDS - t_start)) s; results in $OUT_DIR/$run_dir"
 exit $rc

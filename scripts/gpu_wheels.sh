@@ -3,7 +3,7 @@
 # on a GPU machine whose python3 already has torch (CUDA), cupy-cuda13x and nvidia-cufile but not
 # kvikio, and may lack this project's own dependencies.
 #
-#   PYVER=3.11 bash scripts/gpu_wheels.sh     # the GPU machine's CPython version (default 3.11)
+#   bash scripts/gpu_wheels.sh     # PYVER=3.11 for another CPython than the GPU machine's 3.12
 #
 # Wheels land in scripts/wheels/ (git-ignored) with three requirement files, a PYVER stamp and
 # SHA256SUMS, which gpu_check.sh reads:
@@ -18,12 +18,12 @@
 # download --only-binary=:all: may resolve), so pydantic-core, typing-extensions, tzdata and the
 # like come along at versions that fit each other.
 #
-# Environment: PYVER (default 3.11), KVIKIO_VERSION (default 26.10.*; the newest release if that
+# Environment: PYVER (default 3.12: the lent H200 machine's python3), KVIKIO_VERSION (default 26.10.*; the newest release if that
 # does not exist), PIP (default: the project venv's pip, else python3 -m pip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYVER=${PYVER:-3.11}
+PYVER=${PYVER:-3.12}
 KVIKIO_VERSION=${KVIKIO_VERSION:-26.10.*}
 WHEELS=scripts/wheels
 if [[ -z ${PIP:-} ]]; then

@@ -1,137 +1,83 @@
-"""The gds engine's kvikio calls, checked against a fake kvikio that writes host memory.
+"""The gds engine's kvikio path, checked against FakeKvikio and FakeCuda (tests/fake_kvikio.py).
 
-`FakeCuFile` stands in for `kvikio.CuFile`: it writes host tensors with os.pwrite and records
-every call, so the logic around kvikio (which pieces go where, waiting on every future, closing
-every file, fsync, the manifest, and how `gds_mode` is told) runs on any machine. The real
-kvikio path runs only in the test marked `gpu`.
+The fakes follow kvikio's real contracts (what pwrite/pread accept, its settings, per-file
+compat decisions, futures) so that the logic around kvikio runs on any machine: which pieces go
+where, the thread pool it is given, where checksums are computed, how each save is labelled, the
+GDS read path, buffer registration, and the failure paths. The real kvikio path runs only in the
+test marked `gpu`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
-import types
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
-from bench.engines import gds
-from bench.errors import UserError
+from bench import ceiling, manifest, staging
+from bench.devices import Device
+from bench.engines import gds, striped
+from bench.errors import ChecksumError, UserError
 
-
-@dataclass(frozen=True)
-class Call:
-    """One CuFile.pwrite: the file, the size and offset asked for, and the buffer's length."""
-
-    path: str
-    size: int
-    offset: int
-    buf_bytes: int
-
-
-class FakeFuture:
-    """kvikio's IOFuture: `get()` returns the bytes written."""
-
-    def __init__(self, n: int, error: OSError | None = None) -> None:
-        self.n = n
-        self.error = error
-        self.got = False
-
-    def get(self) -> int:
-        self.got = True
-        if self.error is not None:
-            raise self.error
-        return self.n
-
-
-class FakeCuFile:
-    """kvikio.CuFile for host tensors: writes with os.pwrite, records calls into `kvikio`."""
-
-    def __init__(self, kvikio: types.ModuleType, path: str, flags: str = "r") -> None:
-        if flags != "w":
-            raise ValueError(f"the fake only writes, got flags {flags!r}")
-        self.kvikio = kvikio
-        self.path = os.fspath(path)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.closed = False
-        self.futures: list[FakeFuture] = []
-        self.unawaited_at_close: int | None = None
-        kvikio.files.append(self)
-
-    def pwrite(self, buf: Any, size: int | None = None, file_offset: int = 0) -> FakeFuture:
-        assert not self.closed, "pwrite on a closed file"
-        assert isinstance(buf, torch.Tensor) and buf.dtype == torch.uint8 and buf.dim() == 1
-        assert buf.is_contiguous()
-        n = buf.numel() if size is None else size
-        assert n <= buf.numel()
-        call = Call(self.path, n, file_offset, buf.numel())
-        self.kvikio.calls.append(call)
-        failing = self.kvikio.fail_on_call == len(self.kvikio.calls)
-        error = OSError(5, "fake I/O error", self.path) if failing else None
-        if error is not None and self.kvikio.fail_in == "pwrite":
-            raise error
-        written = os.pwrite(self.fd, memoryview(buf.numpy())[:n], file_offset)
-        fut = FakeFuture(written - self.kvikio.short_by, error)
-        self.futures.append(fut)
-        return fut
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self.fd)
-            self.closed = True
-            self.unawaited_at_close = sum(not f.got for f in self.futures)
-
-
-def make_fake_kvikio(*, compat: bool = False, gds_available: bool = True) -> types.ModuleType:
-    """A module with the parts of kvikio the gds engine uses, and the fake's records."""
-    fake_kvikio = types.ModuleType("kvikio")
-    fake_kvikio.files = []
-    fake_kvikio.calls = []
-    fake_kvikio.fail_on_call = None  # 1-based index of a pwrite call that fails...
-    fake_kvikio.fail_in = "get"  # ...in pwrite itself or in its future's get()
-    fake_kvikio.short_by = 0  # every future reports this many bytes fewer than written
-    fake_kvikio.CuFile = functools.partial(FakeCuFile, fake_kvikio)
-    fake_kvikio.defaults = types.SimpleNamespace(is_compat_mode_preferred=lambda: compat)
-    fake_kvikio.cufile_driver = types.SimpleNamespace(
-        properties=types.SimpleNamespace(is_gds_available=gds_available)
-    )
-    return fake_kvikio
+FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
 
 
 @pytest.fixture
-def fake_kvikio(monkeypatch) -> Callable[..., types.ModuleType]:
-    """`fake_kvikio(compat=..., gds_available=...)` installs a fake kvikio and returns it."""
+def fake_kvikio(monkeypatch) -> Callable[..., FakeKvikio]:
+    """`fake_kvikio(**knobs)` installs a FakeKvikio in place of kvikio and returns it."""
 
-    def install(**kw: Any) -> types.ModuleType:
-        fake = make_fake_kvikio(**kw)
+    def install(**kw: Any) -> FakeKvikio:
+        fake = FakeKvikio(**kw)
         monkeypatch.setattr(gds, "import_kvikio", lambda: fake)
         return fake
 
     return install
 
 
+@pytest.fixture
+def fake_cuda(monkeypatch) -> FakeCuda:
+    """Fake device memory, seen as CUDA memory by the gds engine's seam functions."""
+    cuda = FakeCuda()
+    monkeypatch.setattr(gds, "on_device", cuda.is_device)
+    monkeypatch.setattr(gds, "kvikio_buffer", lambda m, d: cuda.buffer(m) if d else m.numpy())
+    monkeypatch.setattr(gds, "device_empty", lambda n, dev: cuda.empty(n))
+    monkeypatch.setattr(gds, "to_device", lambda t, dev: cuda.to(t))
+    return cuda
+
+
+@pytest.fixture
+def fake_cudart(monkeypatch) -> FakeCudart:
+    rt = FakeCudart()
+    monkeypatch.setattr(staging, "cudart", lambda: rt)
+    return rt
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
-def sample_state(device: str = "cpu") -> dict[str, torch.Tensor]:
+def sample_state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     flat = torch.randint(-(2**40), 2**40, (6000,), generator=g)
-    state = {
+    return {
         "w": torch.randn(96, 80, generator=g),
         "wt": torch.randn(40, 70, generator=g).t(),  # non-contiguous: copied first
         "half": torch.randn(4097, generator=g).to(torch.bfloat16),
         "offset_view": flat[3:5003],  # contiguous, unaligned start
-        "step": torch.tensor(7),
+        "step": torch.tensor(7.0),  # an optimizer's step: stays on the host
         "empty": torch.empty(0, 3),
     }
-    return {k: v.to(device) for k, v in state.items()}
+
+
+def mixed_state(cuda: FakeCuda) -> dict[str, torch.Tensor]:
+    """The sample state in fake device memory, but for `step`, which stays on the host."""
+    return cuda.to_device(sample_state(), keep_on_host=("step",))
 
 
 def assert_round_trip(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -147,86 +93,323 @@ def read_manifest(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
 
 
 def kvikio_engine(make_engine: Any, dirs: list[str], **opts: Any) -> Any:
-    return make_engine("gds", dirs, io="kvikio", device="host-emulated", chunk_bytes="8KiB", **opts)
+    opts = {"io": "kvikio", "device": "host-emulated", "chunk_bytes": "8KiB", **opts}
+    return make_engine("gds", dirs, **opts)
 
 
-def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio):
+def data_files(dirs: list[str], m: dict[str, Any], name: str = "ckpt") -> dict[int, str]:
+    return {int(t): os.path.join(dirs[int(t)], name, i["file"]) for t, i in m["files"].items()}
+
+
+def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake_cuda):
     fake = fake_kvikio()
     dirs = targets(3)
     eng = kvikio_engine(make_engine, dirs)
-    state = sample_state()
+    state = mixed_state(fake_cuda)
     pending = eng.save(state, "ckpt")
     assert pending.done()  # the stall lasts until durable
     result = pending.wait()
     assert_round_trip(eng.load("ckpt"), state)
 
-    assert result.gds_mode == "gds"
+    assert result.gds_mode == "gds", result.extra
     assert result.copied_tensors == 1
     assert result.bytes == sum(t.numel() * t.element_size() for t in state.values())
     assert result.targets_used == 3
     assert result.stall_s <= result.total_s
+    assert result.extra["host_bytes"] == 4  # the step scalar
+    assert result.extra["device_bytes"] == result.bytes - 4
 
     m = read_manifest(dirs)
-    data = {
-        int(t): os.path.join(dirs[int(t)], "ckpt", info["file"]) for t, info in m["files"].items()
-    }
-    # One CuFile per data file, opened for writing, closed, with every future awaited first.
+    data = data_files(dirs, m)
+    # One CuFile per data file, closed, with every future awaited first.
     assert sorted(f.path for f in fake.files) == sorted(data.values())
     assert all(f.closed and f.unawaited_at_close == 0 for f in fake.files)
     # Every pwrite is one extent of the manifest, and every extent was one pwrite.
     want = sorted((data[t], length, off) for e in m["tensors"] for t, off, length in e["extents"])
     assert sorted((c.path, c.size, c.offset) for c in fake.calls) == want
-    assert all(c.buf_bytes == c.size for c in fake.calls)
     assert len(fake.calls) > len(state)  # chunks really split the tensors
+    # Device bytes went over GDS, the host scalar through kvikio's POSIX path.
+    assert fake.routes() == {"gds": result.bytes - 4, "posix": 4}
     for t, path in data.items():
         assert os.path.getsize(path) == m["files"][str(t)]["bytes"]
 
 
+def test_host_tensors_are_handed_to_kvikio_as_host_buffers(make_engine, targets, fake_kvikio,
+                                                          fake_cuda):  # fmt: skip
+    """A torch CPU tensor has neither __cuda_array_interface__ nor the buffer protocol: handed
+    to kvikio as it is, CuFile.pwrite raises TypeError (a model state's `step` crashed gds)."""
+    fake = fake_kvikio()
+    with pytest.raises(TypeError):
+        fake.CuFile(os.path.join(targets(1)[0], "x"), "w").pwrite(torch.zeros(4, dtype=torch.uint8))
+    eng = kvikio_engine(make_engine, targets(2))
+    state = mixed_state(fake_cuda)
+    state["opt"] = {"step": torch.tensor(1000.0), "lr": 3e-4}
+    eng.save(state, "ckpt").wait()
+    assert_round_trip({k: v for k, v in eng.load("ckpt").items() if k != "opt"},
+                      {k: v for k, v in state.items() if k != "opt"})  # fmt: skip
+    assert eng.load("ckpt")["opt"]["lr"] == 3e-4
+    assert torch.equal(eng.load("ckpt")["opt"]["step"], torch.tensor(1000.0))
+    host_calls = [c for c in fake.calls if c.memory == "host"]
+    assert sorted(c.size for c in host_calls) == [4, 4]
+
+
+def test_kvikio_thread_pool_is_sized_for_the_save_and_restored(make_engine, targets, fake_kvikio,
+                                                              fake_cuda):  # fmt: skip
+    fake = fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(3), threads_per_target=4, chunk_bytes="64KiB")
+    result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
+    assert fake.calls and {(c.num_threads, c.task_size) for c in fake.calls} == {(12, 64 << 10)}
+    # kvikio's own defaults again after the save
+    assert fake.defaults.get("num_threads") == 1
+    assert fake.defaults.get("task_size") == 4 << 20
+    assert fake.defaults.get("gds_threshold") == 16 << 10
+    assert (result.extra["num_threads"], result.extra["task_size"]) == (12, 64 << 10)
+    assert result.extra["gds_threshold"] == 0
+    # ...and for the GDS read path too
+    fake.calls.clear()
+    eng.load("ckpt", device="cuda")
+    assert {(c.op, c.num_threads) for c in fake.calls} >= {("pread", 12)}
+    assert fake.defaults.get("num_threads") == 1
+
+
+def test_no_host_copy_inside_the_stall(make_engine, targets, fake_kvikio, fake_cuda, monkeypatch):
+    """Checksums of device tensors are computed on the device (wsum64), never by copying them
+    to the host and hashing there."""
+    fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(2))
+    state = mixed_state(fake_cuda)
+    host_copies: list[str] = []
+    for method in ("cpu", "numpy", "to", "tolist"):
+        real = getattr(torch.Tensor, method)
+
+        def spy(self: torch.Tensor, *a: Any, _real: Any = real, _m: str = method, **k: Any) -> Any:
+            # .to(dtype) stays on the device; .to(a device) would move the bytes
+            moves = _m != "to" or "device" in k or any(isinstance(x, str | torch.device) for x in a)
+            if moves and fake_cuda.is_device(self):
+                host_copies.append(_m)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, method, spy)
+    result = eng.save(state, "ckpt").wait()
+    monkeypatch.undo()
+    assert host_copies == []
+    assert result.hash_s > 0 and result.checksums
+    m = read_manifest(eng.targets)
+    algos = {e["path"]: ("xxh3" if e["xxh3"] else "wsum64" if e["wsum64"] else None)
+             for e in m["tensors"] if e["nbytes"]}  # fmt: skip
+    assert algos == {"['w']": "wsum64", "['wt']": "wsum64", "['half']": "wsum64",
+                     "['offset_view']": "wsum64", "['step']": "xxh3"}  # fmt: skip
+
+
+def test_device_checksum_matches_on_any_device_and_catches_damage():
+    g = torch.Generator().manual_seed(1)
+    raw = torch.randint(0, 256, ((1 << 16) + 3,), dtype=torch.uint8, generator=g)
+    a = manifest.device_checksum(raw)
+    # The same bytes at another alignment and in pieces of another size give the same digest.
+    shifted = torch.empty(raw.numel() + 1, dtype=torch.uint8)[1:]
+    shifted.copy_(raw)
+    assert manifest.device_checksum(shifted) == a
+    old = manifest.WSUM_PIECE
+    try:
+        manifest.WSUM_PIECE = 1000
+        assert manifest.device_checksum(raw) == a
+    finally:
+        manifest.WSUM_PIECE = old
+    # Reference: the definition in plain Python.
+    data = bytes(raw.numpy()) + b"\0"
+    words = [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+    s1 = sum(words) % 2**64
+    s2 = sum((i + 1) * w for i, w in enumerate(words)) % 2**64
+    assert a == f"{s1:016x}{s2:016x}-{raw.numel():x}"
+    flipped = raw.clone()
+    flipped[1234] ^= 1
+    swapped = raw.clone()
+    swapped[0:4], swapped[4:8] = raw[4:8].clone(), raw[0:4].clone()
+    assert len({a, manifest.device_checksum(flipped), manifest.device_checksum(swapped)}) == 3
+    assert manifest.device_checksum(raw[:-3]) != a
+
+
+@pytest.mark.parametrize("where", ["cpu", "cuda"])
+def test_damaged_byte_is_caught_on_either_restore_path(make_engine, targets, fake_kvikio, fake_cuda,
+                                                      where):  # fmt: skip
+    fake_kvikio()
+    dirs = targets(2)
+    eng = kvikio_engine(make_engine, dirs)
+    eng.save(mixed_state(fake_cuda), "ckpt").wait()
+    m = read_manifest(dirs)
+    entry = next(e for e in m["tensors"] if e["path"] == "['w']")
+    t, off, _ = entry["extents"][0]
+    path = data_files(dirs, m)[t]
+    with open(path, "r+b") as f:
+        f.seek(off + 100)
+        b = f.read(1)
+        f.seek(off + 100)
+        f.write(bytes([b[0] ^ 0x10]))
+    with pytest.raises(ChecksumError, match=r"tensor state\['w'\] does not match"):
+        eng.load("ckpt", device=where)
+
+
+def test_gds_restore_reads_into_device_memory(make_engine, targets, fake_kvikio, fake_cuda):
+    fake = fake_kvikio()
+    dirs = targets(2)
+    eng = kvikio_engine(make_engine, dirs)
+    state = mixed_state(fake_cuda)
+    eng.save(state, "ckpt").wait()
+    fake.calls.clear()
+    loaded = eng.load("ckpt", device="cuda")
+    assert_round_trip(loaded, state)
+    assert eng.restore_mode == "gds"
+    reads = [c for c in fake.calls if c.op == "pread"]
+    m = read_manifest(dirs)
+    device_extents = [x for e in m["tensors"] if e["wsum64"] for x in e["extents"]]
+    assert len(reads) == len(device_extents) and {c.memory for c in reads} == {"device"}
+    assert {c.route for c in reads} == {"gds"}
+    for k in ("w", "half", "offset_view"):
+        assert fake_cuda.is_device(loaded[k]), k
+    # Restoring to the host is a host read, and says so.
+    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+    assert eng.restore_mode == "host"
+
+
+def test_a_file_cufile_cannot_take_makes_the_save_compat(make_engine, targets, fake_kvikio,
+                                                        fake_cuda):  # fmt: skip
+    """kvikio's AUTO mode would fall back to POSIX for that file silently; the engine opens
+    with compat mode OFF, falls back itself and says why."""
+    fake = fake_kvikio()
+    dirs = targets(3)
+    fake.unregistrable = [dirs[1]]
+    eng = kvikio_engine(make_engine, dirs)
+    state = mixed_state(fake_cuda)
+    result = eng.save(state, "ckpt").wait()
+    assert result.gds_mode == "compat"
+    (reason,) = result.extra["compat_reasons"]
+    assert "cuFile could not take" in reason and dirs[1] in reason
+    assert_round_trip(eng.load("ckpt"), state)
+    # The other two files did go over GDS; the fallback file went through POSIX.
+    by_file = {(os.path.dirname(os.path.dirname(c.path)), c.route) for c in fake.calls}
+    assert (dirs[1], "posix") in by_file and (dirs[0], "gds") in by_file
+    assert (dirs[1], "gds") not in by_file
+    assert fake.defaults.get("compat_mode") == fake.CompatMode.AUTO  # restored
+
+
+def test_allow_compat_false_refuses_a_file_cufile_cannot_take(make_engine, targets, fake_kvikio,
+                                                             fake_cuda):  # fmt: skip
+    fake = fake_kvikio()
+    dirs = targets(2)
+    fake.unregistrable = [dirs[1]]
+    eng = kvikio_engine(make_engine, dirs, allow_compat=False)
+    with pytest.raises(
+        UserError, match=rf"cuFile could not take {re.escape(dirs[1])}.*allow_compat is false"
+    ):
+        eng.save(mixed_state(fake_cuda), "ckpt")
+    assert all(os.listdir(Path(d) / "ckpt") == [] for d in dirs)  # nothing half-written left
+    assert eng.status("ckpt") == "absent"
+
+
 @pytest.mark.parametrize(
-    ("compat", "gds_available", "mode"),
+    ("knobs", "why"),
     [
-        (False, True, "gds"),
-        (True, True, "compat"),
-        (False, False, "compat"),
-        (True, False, "compat"),
+        ({"cufile_loads": False}, "prefers compat mode"),
+        ({"gds_available": False}, "nvidia-fs driver is not loaded"),
     ],
 )
-def test_gds_mode_is_told_by_kvikio(make_engine, targets, fake_kvikio, compat, gds_available, mode):
-    fake_kvikio(compat=compat, gds_available=gds_available)
+def test_no_gds_on_the_machine_is_compat(make_engine, targets, fake_kvikio, fake_cuda, knobs, why):
+    fake_kvikio(**knobs)
     eng = kvikio_engine(make_engine, targets(2))
+    state = mixed_state(fake_cuda)
+    result = eng.save(state, "ckpt").wait()
+    assert result.gds_mode == "compat"
+    assert any(why in r for r in result.extra["compat_reasons"])
+    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert eng.restore_mode == "compat"
+
+
+def test_gds_mode_is_compat_when_kvikio_cannot_tell(make_engine, targets, fake_kvikio, fake_cuda):
+    fake = fake_kvikio()
+    fake.cufile_driver = None  # an older kvikio without the driver properties
+    eng = kvikio_engine(make_engine, targets(1))
+    result = eng.save(mixed_state(fake_cuda), "a").wait()
+    assert result.gds_mode == "compat"
+    assert "cannot tell" in result.extra["compat_reasons"][0]
+
+
+def test_small_device_pieces_under_gds_threshold_are_compat(make_engine, targets, fake_kvikio,
+                                                           fake_cuda):  # fmt: skip
+    fake = fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(1), gds_threshold="16KiB", chunk_bytes="64KiB")
+    result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
+    assert result.gds_mode == "compat"
+    assert any("gds_threshold" in r for r in result.extra["compat_reasons"])
+    assert "posix" in {c.route for c in fake.calls if c.memory == "device"}
+    # With the default threshold of 0 every device byte goes to cuFile.
+    fake.calls.clear()
+    eng0 = kvikio_engine(make_engine, targets(1), chunk_bytes="64KiB")
+    assert eng0.save(mixed_state(fake_cuda), "ckpt").wait().gds_mode == "gds"
+    assert {c.route for c in fake.calls if c.memory == "device"} == {"gds"}
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_cufile_compat_on_a_filesystem_gds_does_not_serve(make_engine, targets, fake_kvikio,
+                                                         fake_cuda, monkeypatch, allow):  # fmt: skip
+    """Where cufile.json allows compat mode, cuFile itself may serve a file through POSIX on a
+    filesystem GDS does not support, and kvikio cannot see it: such saves are not called gds."""
+    fake_kvikio(allow_compat_mode=allow)
+    monkeypatch.setattr(gds, "GDS_FILESYSTEMS", ("lustre",))
+    eng = kvikio_engine(make_engine, targets(1))
+    result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
+    assert result.gds_mode == ("compat" if allow else "gds")
+    if allow:
+        assert "GDS does not serve natively" in result.extra["compat_reasons"][0]
+
+
+def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kvikio):
+    fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(1))
     state = sample_state()
     result = eng.save(state, "ckpt").wait()
-    assert result.gds_mode == mode
+    assert result.gds_mode == "compat"
+    assert "no tensor was in device memory" in result.extra["compat_reasons"][0]
     assert_round_trip(eng.load("ckpt"), state)
 
 
-def test_gds_mode_is_compat_when_kvikio_cannot_tell(make_engine, targets, fake_kvikio):
+def test_device_buffers_are_registered_in_warm_and_released(make_engine, targets, fake_kvikio,
+                                                           fake_cuda):  # fmt: skip
     fake = fake_kvikio()
-    del fake.cufile_driver  # an older kvikio without the driver properties
+    eng = kvikio_engine(make_engine, targets(2))
+    state = mixed_state(fake_cuda)
+    eng.warm(state)
+    contiguous_device = [t for k, t in state.items() if k not in ("step", "empty", "wt")]
+    assert fake.registered == {
+        t.data_ptr(): t.numel() * t.element_size() for t in contiguous_device
+    }
+    result = eng.save(state, "ckpt").wait()
+    assert result.extra["registered_bytes"] == sum(fake.registered.values())
+    eng.close()
+    assert fake.registered == {}
+
+
+def test_no_registration_in_compat_mode(make_engine, targets, fake_kvikio, fake_cuda):
+    fake = fake_kvikio(cufile_loads=False)
     eng = kvikio_engine(make_engine, targets(1))
-    assert eng.save(sample_state(), "a").wait().gds_mode == "compat"
-
-    def broken() -> bool:
-        raise RuntimeError("cuFile driver not loaded")
-
-    fake.defaults = types.SimpleNamespace(is_compat_mode_preferred=broken)
-    assert eng.save(sample_state(), "b").wait().gds_mode == "compat"
-
-
-@pytest.mark.parametrize(("compat", "gds_available"), [(True, True), (False, False)])
-def test_allow_compat_false_refuses_compat_mode(
-    make_engine, targets, fake_kvikio, compat, gds_available
-):
-    fake = fake_kvikio(compat=compat, gds_available=gds_available)
-    with pytest.raises(UserError, match="compat mode and allow_compat is false"):
-        kvikio_engine(make_engine, targets(1), allow_compat=False)
-    assert fake.files == []
+    state = mixed_state(fake_cuda)
+    eng.warm(state)
+    result = eng.save(state, "ckpt").wait()
+    assert fake.register_calls == 0
+    assert result.extra["registered_bytes"] == 0
+    assert "compat mode" in result.extra["register_note"]
 
 
-def test_allow_compat_false_runs_with_gds(make_engine, targets, fake_kvikio):
-    fake_kvikio()
-    eng = kvikio_engine(make_engine, targets(1), allow_compat=False)
-    assert eng.save(sample_state(), "ckpt").wait().gds_mode == "gds"
+def test_unavailable_on_cuda_without_kvikio(monkeypatch):
+    def no_kvikio() -> Any:
+        raise ImportError("No module named 'kvikio'")
+
+    monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
+    reason = gds.Gds.unavailable({"device": "cuda"})
+    assert reason and "kvikio is not installed" in reason and "io: emulated" in reason
+    assert gds.Gds.unavailable({"device": "cuda", "io": "emulated"}) is None
+    assert gds.Gds.unavailable({"device": "host-emulated"}) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert gds.Gds.unavailable({}) == reason  # auto on a CUDA machine means kvikio
 
 
 def test_kvikio_that_does_not_import(make_engine, targets, monkeypatch):
@@ -234,7 +417,9 @@ def test_kvikio_that_does_not_import(make_engine, targets, monkeypatch):
         raise ImportError("No module named 'kvikio'")
 
     monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
-    with pytest.raises(UserError, match=r"io=kvikio but kvikio does not import \(No module"):
+    with pytest.raises(
+        UserError, match=r"gds cannot run here: kvikio is not installed \(No module"
+    ):
         kvikio_engine(make_engine, targets(1))
 
 
@@ -249,8 +434,34 @@ def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypa
     assert_round_trip(eng.load("ckpt"), state)
 
 
-@pytest.mark.parametrize("failure", ["pwrite", "get", "short"])
-def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fake_kvikio, failure):
+@pytest.fixture
+def fake_cuda_engine_device(monkeypatch) -> Iterator[None]:
+    """Engines asking for device=cuda get a Device of kind cuda (whose memory is the fake's)."""
+    real = striped.detect
+    monkeypatch.setattr(
+        striped, "detect", lambda req="auto": FAKE_CUDA_DEVICE if req == "cuda" else real(req)
+    )
+    yield
+
+
+def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(make_engine, targets, fake_cuda,
+                                                                fake_cudart,
+                                                                fake_cuda_engine_device):  # fmt: skip
+    eng = make_engine("gds", targets(2), io="emulated", device="cuda", chunk_bytes="8KiB",
+                      threads_per_target=1)  # fmt: skip
+    state = mixed_state(fake_cuda)
+    result = eng.save(state, "ckpt").wait()
+    assert result.gds_mode == "emulated"
+    assert_round_trip(eng.load("ckpt"), state)
+    # One bounce buffer per writer thread, pinned exactly, released with the engine.
+    assert 0 < result.pinned_bytes == fake_cudart.locked_bytes <= 2 * (8192 + 2 * 4096)
+    eng.close()
+    assert fake_cudart.locked == {}
+
+
+@pytest.mark.parametrize("failure", ["call", "get", "short"])
+def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fake_kvikio, fake_cuda,
+                                                      failure):  # fmt: skip
     fake = fake_kvikio()
     if failure == "short":
         fake.short_by = 1
@@ -259,7 +470,7 @@ def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fak
     dirs = targets(2)
     eng = kvikio_engine(make_engine, dirs)
     with pytest.raises(OSError) as e:
-        eng.save(sample_state(), "ckpt")
+        eng.save(mixed_state(fake_cuda), "ckpt")
     if failure == "short":
         assert "kvikio wrote" in str(e.value)
         assert re.search(r"/ckpt/data-0\.[0-9a-f]{16}\.bin", str(e.value)), str(e.value)
@@ -267,33 +478,72 @@ def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fak
         assert "fake I/O error" in str(e.value)
     # Every write issued was awaited before its file closed, the failed one included.
     assert fake.files and all(f.closed and f.unawaited_at_close == 0 for f in fake.files)
-    if failure != "pwrite":
+    if failure != "call":
         assert len(fake.calls) == sum(len(f.futures) for f in fake.files) > 3
     assert not (Path(dirs[0]) / "ckpt" / "manifest.json").exists()
     # The failed save removed its own files (data and marker): nothing is left to clean.
     assert all(os.listdir(Path(d) / "ckpt") == [] for d in dirs)
     assert eng.status("ckpt") == "absent"
+    assert fake.defaults.get("num_threads") == 1  # settings restored after a failure too
     with pytest.raises(UserError, match="no complete checkpoint"):
         eng.load("ckpt")
 
 
-@pytest.mark.parametrize("failure", ["pwrite", "get", "short"])
-def test_failed_write_keeps_the_previous_checkpoint(make_engine, targets, fake_kvikio, failure):
+@pytest.mark.parametrize("failure", ["call", "get", "short"])
+def test_failed_write_keeps_the_previous_checkpoint(make_engine, targets, fake_kvikio, fake_cuda,
+                                                   failure):  # fmt: skip
     fake = fake_kvikio()
     dirs = targets(2)
     eng = kvikio_engine(make_engine, dirs)
-    state = sample_state()
+    state = mixed_state(fake_cuda)
     eng.save(state, "ckpt").wait()
     before = {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs}
     if failure == "short":
         fake.short_by = 1
     else:
         fake.fail_on_call, fake.fail_in = len(fake.calls) + 3, failure
+    changed = fake_cuda.to_device({k: v + 1 for k, v in sample_state().items()}, ("step",))
     with pytest.raises(OSError):
-        eng.save({k: v + 1 if v.dtype != torch.bool else v for k, v in state.items()}, "ckpt")
+        eng.save(changed, "ckpt")
     assert {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs} == before
     assert eng.status("ckpt") == "complete"
     assert_round_trip(eng.load("ckpt"), state)
+
+
+def test_pinned_staging_is_exactly_the_bytes_held(fake_cudart):
+    """torch's pin_memory rounds a request up to a power of two and caches freed blocks; the
+    staging buffer pins exactly what it holds, and releases it."""
+    s = staging.Staging(FAKE_CUDA_DEVICE)
+    n = (10 << 20) + 4096
+    assert s.ensure(n)
+    assert s.pinned_bytes == n == fake_cudart.locked_bytes
+    assert list(fake_cudart.locked) == [s.array.ctypes.data]
+    assert s.tensor.numel() == n
+    assert not s.ensure(n - 1)  # reused
+    assert s.ensure(n + 1)  # grown: the old range unpinned, the new one pinned
+    assert fake_cudart.locked_bytes == s.pinned_bytes == n + 4096
+    s.release()
+    assert fake_cudart.locked == {} and s.pinned_bytes == 0
+
+
+def test_copy_ceiling_releases_what_it_pinned(fake_cudart):
+    out = ceiling.copy_bandwidth(1 << 20, FAKE_CUDA_DEVICE, reps=2)
+    assert out["d2h_Bps"] > 0 and len(out["d2h_runs"]) == 2
+    assert [c[0] for c in fake_cudart.calls] == ["register", "unregister"]
+    assert fake_cudart.calls[0][2] == 1 << 20
+    assert fake_cudart.locked == {}
+
+
+def test_snapshot_engine_pins_its_staging_exactly(make_engine, targets, fake_cudart,
+                                                  fake_cuda_engine_device):  # fmt: skip
+    eng = make_engine("cpu-single", targets(2), device="cuda", chunk_bytes="8KiB")
+    state = sample_state()
+    eng.warm(state)
+    result = eng.save(state, "ckpt").wait()
+    assert result.pinned_bytes == eng.pinned_bytes == fake_cudart.locked_bytes > 0
+    assert_round_trip(eng.load("ckpt"), state)
+    eng.close()
+    assert fake_cudart.locked == {}
 
 
 @pytest.mark.gpu
@@ -302,16 +552,54 @@ def test_real_kvikio_on_cuda(make_engine, targets):
     if reason:
         pytest.skip(reason)
     kvikio = gds.import_kvikio()
+    threads_before = kvikio.defaults.get("num_threads")
     dirs = targets(2)
     eng = make_engine("gds", dirs, io="kvikio", device="cuda", chunk_bytes="64KiB")
-    state = sample_state("cuda")
+    state = {k: v if k == "step" else v.to("cuda") for k, v in sample_state().items()}
+    eng.warm(state)
     result = eng.save(state, "ckpt").wait()
-    assert result.gds_mode == gds.kvikio_mode(kvikio)
     assert result.gds_mode in ("gds", "compat")
+    if gds.kvikio_mode(kvikio) == "compat":
+        assert result.gds_mode == "compat"
+    assert result.extra["num_threads"] == 4  # 2 threads per target x 2 targets
     assert result.copied_tensors == 1
+    assert result.extra["host_bytes"] == 4
     loaded = eng.load("ckpt", device="cuda")
+    assert eng.restore_mode in ("gds", "compat")
     assert all(t.device.type == "cuda" for t in loaded.values())
     assert_round_trip(loaded, state)
+    # Device checksums computed on the GPU are checked again on the host.
+    assert_round_trip(eng.load("ckpt", device="cpu"), state)
     m = read_manifest(dirs)
     for t, info in m["files"].items():
         assert os.path.getsize(Path(dirs[int(t)]) / "ckpt" / info["file"]) == info["bytes"]
+    assert kvikio.defaults.get("num_threads") == threads_before
+
+
+def test_a_sweep_skips_gds_that_cannot_run_and_says_why(scratch, monkeypatch, capsys):
+    """gds on CUDA without kvikio (here: io=kvikio without kvikio) used to write error rows;
+    the sweep now skips it with the reason, in the terminal summary and env.json."""
+    from bench import cli, results
+
+    def no_kvikio() -> Any:
+        raise ImportError("No module named 'kvikio'")
+
+    monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
+    cfg = scratch / "c.yaml"
+    cfg.write_text(
+        "name: skip\nengines: [gds, cpu-double]\ntotal_sizes: [1MiB]\ntensor_sizes: [1MiB]\n"
+        f"scratch: {scratch}/t\nrepetitions: 1\nwarmups: 0\nceilings: {{enabled: false}}\n"
+        "engine_options: {gds: {io: kvikio}}\n"
+    )
+    assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "note: engine gds skipped: it cannot run here: kvikio is not installed" in out
+    (run_dir,) = (scratch / "out").iterdir()
+    rows = results.read_rows(str(run_dir))
+    assert list(rows["engine"]) == ["cpu-double"] and rows["verified"].all()
+    env = json.loads((run_dir / "env.json").read_text())
+    assert any(n.startswith("engine gds skipped") for n in env["notes"])
+    # With nothing left to run, the sweep is refused in one line.
+    cfg.write_text(cfg.read_text().replace("[gds, cpu-double]", "[gds]"))
+    assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 2
+    assert "no engine of the config can run here (gds: kvikio is not installed" in capsys.readouterr().err

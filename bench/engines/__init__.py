@@ -20,16 +20,16 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def unavailable(name: str) -> str | None:
-    """None if engine `name` can run here, else why not."""
+def unavailable(name: str, options: dict[str, Any] | None = None) -> str | None:
+    """None if engine `name` can run here with `options`, else why not."""
     if name not in REGISTRY:
         raise UserError(f"unknown engine {name!r} (known: {', '.join(REGISTRY)})")
-    return REGISTRY[name].unavailable()
+    return REGISTRY[name].unavailable(options)
 
 
 def create(name: str, targets: list[str], **options: Any) -> Engine:
     """A ready engine writing to `targets` (directories, in order); options are engine knobs."""
-    reason = unavailable(name)
+    reason = unavailable(name, options)
     if reason:
         raise UserError(f"engine {name} cannot run here: {reason}")
     return REGISTRY[name](list(targets), **options)

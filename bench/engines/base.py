@@ -109,8 +109,8 @@ class Engine(Protocol):
     targets: list[str]
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        """None if the engine can run here, else why not (one line)."""
+    def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
+        """None if the engine can run here with these options, else why not (one line)."""
 
     def warm(self, state: Any) -> None:
         """Allocate and pre-fault what a save of `state` needs, outside any timed region."""

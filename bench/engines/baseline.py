@@ -33,7 +33,7 @@ class BaselineEngine:
         self.pinned_bytes = 0
 
     @classmethod
-    def unavailable(cls) -> str | None:
+    def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         return None
 
     def ckpt_dir(self, name: str) -> str:

@@ -48,7 +48,7 @@ class Dcp(BaselineEngine):
         self._pending: PendingSave | None = None
 
     @classmethod
-    def unavailable(cls) -> str | None:
+    def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         try:
             import torch.distributed.checkpoint as dcp  # noqa: PLC0415
         except ImportError as e:

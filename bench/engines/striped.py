@@ -140,7 +140,7 @@ class StripedEngine:
         self._buckets = [pacing.TokenBucket(c, burst) if c else None for c in caps]
 
     @classmethod
-    def unavailable(cls) -> str | None:
+    def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         return None
 
     # -- save -------------------------------------------------------------------------------
@@ -222,12 +222,16 @@ class StripedEngine:
             if self.options.checksums:
                 h0 = _now()
                 for e, view in zip(entries, hash_views, strict=True):
-                    e.xxh3 = manifest.checksum(view)
+                    self._hash(e, view)
                 result.hash_s = (_now() - h0) / 1e9
         except BaseException:
             self._close(fds, futures)
             raise
         self._drain(result, tree, entries, fds, futures, file_bytes)
+
+    def _hash(self, entry: manifest.TensorEntry, view: Any) -> None:
+        """Record the checksum of one tensor's bytes (host memory: xxh3)."""
+        entry.xxh3 = manifest.checksum(view)
 
     def _open(self, result: SaveResult, file_bytes: dict[int, int]) -> dict[int, int]:
         """Open this save's data file on every target that gets data."""
@@ -461,6 +465,8 @@ class SnapshotEngine(StripedEngine):
         self.device.synchronize()
         result.pinned_bytes = self.staging.pinned_bytes
         result.stall_s = (_now() - pending.t0_ns) / 1e9
+        if self.device.is_cuda:
+            result.extra = self.staging.describe()
         arr = self.staging.array
         pieces, file_bytes = layout.packed(
             arr, used, entries, offsets, len(self.targets), self.options.chunk_bytes
@@ -530,6 +536,8 @@ class SnapshotEngine(StripedEngine):
         result.hash_s = hash_ns / 1e9
         result.pinned_bytes = self.staging.pinned_bytes
         result.stall_s = (_now() - pending.t0_ns) / 1e9
+        if self.device.is_cuda:
+            result.extra = self.staging.describe()
         futures = [f for f in slots if f is not None]
         self._in_background(
             pending, lambda: self._drain(result, tree, entries, fds, futures, file_bytes)

@@ -1,0 +1,89 @@
+"""The GPU check's table: one line per workload x engine of a run (medians over the timed
+repetitions), under the env.json block that says what the machine and kvikio/cuFile were.
+
+    python scripts/gpu_table.py results/<run-id>
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.2f}"
+
+
+def env_lines(env: dict) -> list[str]:
+    gpu, kv, dev = env.get("gpu", {}), env.get("kvikio", {}), env.get("device", {})
+    lines = [
+        f"device {dev.get('kind')} (emulated={dev.get('emulated')}); GPU {gpu.get('name')} x"
+        f"{gpu.get('count')}, driver {gpu.get('driver')}, CUDA {gpu.get('cuda')}, PCIe gen "
+        f"{gpu.get('pcie_gen')} x{gpu.get('pcie_width')}",
+        "kvikio " + ", ".join(f"{k}={v}" for k, v in sorted(kv.items())),
+        f"torch {env.get('packages', {}).get('torch')}, targets "
+        + ", ".join(
+            f"{t['path']} ({t['fstype']} on {t['block'].get('name', '?')})"
+            for t in env.get("storage", {}).get("targets", [])
+        ),
+    ]
+    c = env.get("ceilings")
+    if c:
+        per = c["per_ssd_count"].get("1", {})
+        lines.append(
+            f"ceilings ({c['tool']}): D2H {_gb(c.get('d2h_Bps') or 0)} GB/s, copy "
+            f"{_gb(c['copy_Bps'])} GB/s, O_DIRECT {_gb(per.get('direct_write_Bps', 0))} GB/s, "
+            f"buffered+fsync {_gb(per.get('buffered_write_Bps', 0))} GB/s"
+        )
+    elif env.get("ceilings_error"):
+        lines.append(f"ceilings not measured: {env['ceilings_error']}")
+    return lines
+
+
+def table(df: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for (wl, eng), g in df.groupby(["workload", "engine"], sort=False):
+        ok = g[(~g["warmup"].astype(bool)) & (g["error"].fillna("") == "")]
+        if ok.empty:
+            err = g["error"].fillna("").iloc[-1][:60]
+            out.append({"workload": wl, "engine": eng, "n": 0, "error": err})
+            continue
+        detail = json.loads(ok["io_detail"].fillna("").iloc[-1] or "{}")
+        med = {c: statistics.median(ok[c]) for c in ("stall_s", "total_s", "restore_s")}
+        gb = ok["total_bytes"].iloc[0]
+        out.append({
+            "workload": wl, "engine": eng, "n": len(ok),
+            "gds_mode": ok["gds_mode"].iloc[-1], "restore": ok["restore_mode"].iloc[-1],
+            "stall_s": round(med["stall_s"], 3), "durable_s": round(med["total_s"], 3),
+            "write_GBps": round(gb / med["total_s"] / 1e9, 2),
+            "restore_GBps": round(gb / med["restore_s"] / 1e9, 2),
+            "hash_s": round(statistics.median(ok["hash_s"].fillna(0)), 3),
+            "pinned_GiB": round(ok["pinned_bytes"].fillna(0).iloc[-1] / 2**30, 3),
+            "verified": bool(ok["verified"].astype(bool).all()),
+            "threads": detail.get("num_threads", ""),
+            "reg_GiB": round(detail.get("registered_bytes", 0) / 2**30, 2) if detail else "",
+            "host_B": detail.get("host_bytes", ""),
+            "pinned_seen": detail.get("staging_is_pinned", ""),
+            "why_compat": "; ".join(detail.get("compat_reasons", []))[:70],
+        })  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def main(run_dir: str) -> int:
+    run = Path(run_dir)
+    env = json.loads((run / "env.json").read_text())
+    df = pd.read_csv(run / "results.csv", dtype={"error": "string", "io_detail": "string"})
+    print(f"== GPU check: {run.name}")
+    for line in env_lines(env):
+        print(line)
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(table(df).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
