@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import model
-from analysis.runs import Run, order_engines
+from analysis.runs import Run, engine_traits, order_engines
 
 KEY = ["workload", "n_targets", "target_map", "ranks_active", "engine"]
 GB = 1e9
@@ -55,13 +55,14 @@ def table(run: Run, prof: model.Profile | None) -> pd.DataFrame:
     out["shard_bytes"] = out["total_bytes"] / out["ranks_active"]
     pred_stall, pred_bw = [], []
     for _, row in out.iterrows():
-        if prof is None or row["engine"] not in model.ENGINES:
+        traits = engine_traits(run.env, row["engine"])
+        if prof is None or traits is None:
             pred_stall.append(np.nan)
             pred_bw.append(np.nan)
             continue
         mapping = "shared" if row["target_map"] == "shared" else "dedicated"
         pr = model.predict_shared(prof, row["engine"], int(row["g"]), int(row["n_targets"]),
-                                  float(row["shard_bytes"]), mapping)  # fmt: skip
+                                  float(row["shard_bytes"]), mapping, traits)  # fmt: skip
         pred_stall.append(pr.stall_s)
         pred_bw.append(row["total_bytes"] / pr.durable_s / GB)
     out["model_stall_s"] = pred_stall

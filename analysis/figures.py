@@ -183,8 +183,8 @@ def stall_vs_ssds(run: Run, prof: model.Profile | None) -> Figure:
         for e in order_engines(s_wl["engine"]):
             s = s_wl[s_wl["engine"] == e].sort_values("n_targets")
             _line(ax, s["n_targets"], s, e, _engine_label(run.ok, e), linestyle="none")
-            if prof is not None and e in model.ENGINES:
-                ys = [model.predict(prof, e, x, size).stall_s for x in xs_n]
+            if prof is not None and run.traits(e) is not None:
+                ys = [model.predict(prof, e, x, size, run.traits(e)).stall_s for x in xs_n]
                 ax.plot(xs, ys, color=color(e), linestyle="--", linewidth=0.9, alpha=0.8,
                         label="_model", gid="model")  # fmt: skip
         ax.set_yscale("log")
@@ -226,8 +226,8 @@ def host_memory(run: Run) -> Figure:
     err = [[cache.loc[e, "median"] - cache.loc[e, "q25"] for e in engines],
            [cache.loc[e, "q75"] - cache.loc[e, "median"] for e in engines]]  # fmt: skip
     ax.errorbar(x, np.add(p, c), yerr=err, fmt="none", ecolor="black", elinewidth=0.7, capsize=2)
-    pred = [model.predict(_unit_profile(), e, 1, 1.0).host_bytes if e in model.ENGINES
-            else np.nan for e in engines]  # fmt: skip
+    pred = [model.predict(_unit_profile(), e, 1, 1.0, run.traits(e)).host_bytes
+            if run.traits(e) else np.nan for e in engines]  # fmt: skip
     (mline,) = ax.plot(x, pred, linestyle="none", marker="_", markersize=14, markeredgewidth=1.5,
                        color="black", label="model")  # fmt: skip
     ax.set_xticks(x)
@@ -319,7 +319,8 @@ def timeline(run: Run) -> Figure:
         r = median_row(df[df["engine"] == e])
         y = len(engines) - 1 - i
         stall, tot = float(r["stall_s"]), float(r["total_s"])
-        whole_stall = e in ("gds", "torch-save")
+        t = run.traits(e)
+        whole_stall = t is not None and t.stall == "durable"
         ax.barh(y, tot if whole_stall else stall, left=0, height=0.6, color=color(e))
         if not whole_stall and tot > stall:
             ax.barh(y, tot - stall, left=stall, height=0.6, color=color(e), alpha=0.3,

@@ -66,10 +66,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from analysis.stats import device_ceiling
+from bench.engines.traits import BUILTIN, Traits
 from bench.errors import UserError
 from bench.sizes import parse_size
 
-ENGINES = ("gds", "cpu-single", "cpu-double", "torch-save", "dcp")
+ENGINES = tuple(BUILTIN)  # engines the profile tables show (a run's own come with its traits)
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 THIS_MACHINE = "this-machine"
 GB = 1e9
@@ -173,53 +174,56 @@ class Prediction:
     host_bytes: float
 
 
-def predict(p: Profile, engine: str, n_ssds: float, size: float | None = None) -> Prediction:
+def traits_of(engine: str, traits: Traits | None = None) -> Traits:
+    """An engine's traits: as given (from a run's env.json), else the built-in engines'."""
+    t = traits or BUILTIN.get(engine)
+    if t is None:
+        raise UserError(f"model: no traits for engine {engine!r} (known: {', '.join(ENGINES)})")
+    return t
+
+
+def _through(t: Traits, s: float, snap_bw: float, link: float, storage: float, first: float,
+             copy: float) -> tuple[float, float]:  # fmt: skip
+    """(stall, time to durability) of `s` bytes through an engine with traits `t`: `storage`
+    the write bandwidth of its targets when it stripes, `first` when it writes one target,
+    `copy` the memory-copy share that bounds a page-cache path, `snap_bw` its snapshot."""
+    w = storage if t.stripes else first
+    if t.from_device:  # straight from device memory: no snapshot, stalls until durable
+        d = s / min(link, w)
+        return d, d
+    write = s / (min(copy, w) if t.page_cache else w)
+    snap = s / snap_bw
+    return (snap if t.stall == "snapshot" else snap + write), snap + write
+
+
+def predict(p: Profile, engine: str, n_ssds: float, size: float | None = None,
+            traits: Traits | None = None) -> Prediction:  # fmt: skip
     """Stall, time to durability and host memory of one GPU's checkpoint through `engine`."""
+    t = traits_of(engine, traits)
     s = float(p.size_bytes if size is None else size)
-    b, w, c, wn = p.d2h_Bps, p.ssd_write_Bps, p.copy_per_gpu, p.storage_Bps(n_ssds)
-    if engine == "gds":
-        t = s / min(p.link, wn)
-        return Prediction(engine, t, t, 0.0)
-    if engine == "cpu-single":
-        return Prediction(engine, s / b, s / b + s / wn, s)
-    if engine == "cpu-double":
-        return Prediction(engine, s / b, s / b + s / min(c, wn), 2 * s)
-    if engine == "torch-save":
-        t = s / b + s / min(c, w)
-        return Prediction(engine, t, t, s)
-    if engine == "dcp":
-        return Prediction(engine, s / b, s / b + s / min(c, w), 2 * s)
-    raise UserError(f"model: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    stall, durable = _through(t, s, p.d2h_Bps, p.link, p.storage_Bps(n_ssds), p.ssd_write_Bps,
+                              p.copy_per_gpu)  # fmt: skip
+    return Prediction(engine, stall, durable, t.host_copies * s)
 
 
 def predict_shared(p: Profile, engine: str, ranks: int, ssds_host: float | None = None,
-                   size: float | None = None, mapping: str = "shared") -> Prediction:  # fmt: skip
+                   size: float | None = None, mapping: str = "shared",
+                   traits: Traits | None = None) -> Prediction:  # fmt: skip
     """Per-rank stall, time to durability and host memory when `ranks` ranks of one host save a
     shard of `size` each at once over the host's `ssds_host` SSDs (default: the profile's GPUs
-    and SSDs per host); `mapping` (shared or dedicated) matters only for the baselines, which
-    write into each rank's first target. See the module docstring for the formulas."""
+    and SSDs per host); `mapping` (shared or dedicated) matters only for the engines that write
+    into each rank's first target. See the module docstring for the formulas."""
     if ranks < 1:
         raise UserError(f"model: ranks must be at least 1, got {ranks}")
+    t = traits_of(engine, traits)
     g = float(ranks)
     s = float(p.size_bytes if size is None else size)
     m = float(p.host_ssds if ssds_host is None else ssds_host)
     w_r = p.storage_Bps(m) / g
     c_g = p.host_copy_Bps / g
-    snap = s / min(p.d2h_Bps, c_g)
     first = p.ssd_write_Bps / g if mapping == "shared" else min(p.ssd_write_Bps, w_r)
-    if engine == "gds":
-        t = s / min(p.link, w_r)
-        return Prediction(engine, t, t, 0.0)
-    if engine == "cpu-single":
-        return Prediction(engine, snap, snap + s / w_r, s)
-    if engine == "cpu-double":
-        return Prediction(engine, snap, snap + s / min(c_g, w_r), 2 * s)
-    if engine == "torch-save":
-        t = snap + s / min(c_g, first)
-        return Prediction(engine, t, t, s)
-    if engine == "dcp":
-        return Prediction(engine, snap, snap + s / min(c_g, first), 2 * s)
-    raise UserError(f"model: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    stall, durable = _through(t, s, min(p.d2h_Bps, c_g), p.link, w_r, first, c_g)
+    return Prediction(engine, stall, durable, t.host_copies * s)
 
 
 def predict_all(p: Profile, n_ssds: float, size: float | None = None) -> list[Prediction]:
@@ -351,9 +355,13 @@ def from_run(run: Any) -> Profile:
     median persist bandwidth (total_bytes / persist_s) at its smallest SSD count.
     """
     ok = run.ok
-    cs = ok[ok["engine"] == "cpu-single"]
+    single = run.first_with(stall="snapshot", o_direct=True, baseline=False)
+    cs = ok[ok["engine"] == single]
     if cs.empty:
-        raise UserError(f"{run.path}: no cpu-single rows: cannot calibrate the model from this run")
+        raise UserError(
+            f"{run.path}: no rows of a single-copy engine (cpu-single): cannot calibrate the "
+            "model from this run"
+        )
     snap = float(np.median(cs["total_bytes"] / cs["stall_s"]))
     n_min = int(cs["n_targets"].min())
     at_min = cs[cs["n_targets"] == n_min]

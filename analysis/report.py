@@ -166,13 +166,13 @@ def warnings_for(run: Run) -> list[str]:
     if run.emulated:
         out.append("HOST-EMULATED run (no GPU): host memory stands in for GPU memory in every "
                    "row; these are not GPU numbers.")  # fmt: skip
-    modes = set(run.ok.loc[run.ok["engine"] == "gds", "gds_mode"])
-    if "emulated" in modes:
-        out.append(
-            "gds rows are a host emulation (O_DIRECT from host memory), NOT GPUDirect Storage."
-        )
-    if "compat" in modes:
-        out.append("gds rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage.")
+    says = {"emulated": "rows are a host emulation (O_DIRECT from host memory), NOT GPUDirect "
+                        "Storage.",
+            "compat": "rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage."}  # fmt: skip
+    for mode, text in says.items():
+        names = sorted(set(run.ok.loc[run.ok["gds_mode"] == mode, "engine"]))
+        if names:
+            out.append(f"{', '.join(names)} {text}")
     if run.shared_device:
         out.append(
             "All targets share one device: SSD-count scaling on this run is not real scaling."
@@ -185,13 +185,16 @@ def warnings_for(run: Run) -> list[str]:
 
 
 def stall_ratios(run: Run) -> pd.DataFrame:
-    """Measured median stall of gds over cpu-single per (workload, n_targets)."""
+    """Measured median stall of the GDS path (from device memory, until durable) over the
+    single-copy CPU path (snapshot, then O_DIRECT) per (workload, n_targets)."""
     st = stats.case_stats(run.ok, "stall_s").set_index(["workload", "n_targets", "engine"])
+    gds = run.first_with(from_device=True)
+    single = run.first_with(stall="snapshot", o_direct=True, baseline=False)
     rows = []
     for (wl, n), _ in st.groupby(level=[0, 1], sort=False):
         try:
-            g = st.loc[(wl, n, "gds"), "median"]
-            c = st.loc[(wl, n, "cpu-single"), "median"]
+            g = st.loc[(wl, n, gds), "median"]
+            c = st.loc[(wl, n, single), "median"]
         except KeyError:
             continue
         rows.append({"workload": wl, "n_targets": n, "gds_stall_s": g, "cpu_single_stall_s": c,
@@ -263,10 +266,11 @@ def model_vs_measured(run: Run, this: model.Profile) -> tuple[list[str], list[li
                "durable s: model", "measured", "error %"]  # fmt: skip
     rows = []
     for _, r in table.iterrows():
-        if r["engine"] not in model.ENGINES:
+        t = run.traits(r["engine"])
+        if t is None:
             continue
-        n = 1 if r["engine"] in stats.FIRST_TARGET_ONLY else int(r["n_targets"])
-        pr = model.predict(this, r["engine"], n, float(r["total_bytes"]))
+        n = int(r["n_targets"]) if t.stripes else 1
+        pr = model.predict(this, r["engine"], n, float(r["total_bytes"]), t)
         e1 = 100 * (pr.stall_s - r["stall_s"]) / r["stall_s"]
         e2 = 100 * (pr.durable_s - r["total_s"]) / r["total_s"]
         rows.append([r["workload"], str(int(r["n_targets"])), r["engine"],

@@ -15,11 +15,21 @@ from typing import Any
 import pandas as pd
 
 from bench import results
+from bench.engines.traits import BUILTIN, Traits
 from bench.errors import UserError
 
+# The order engines are listed in (the paper's paths, then the baselines); others follow.
 ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
-CPU_CENTRIC = ("cpu-single", "cpu-double")
 GB = 1e9
+
+
+def engine_traits(env: dict[str, Any], engine: str) -> Traits | None:
+    """What `engine` is, as the run recorded it (env.json `engines`), else as the built-in
+    engines of runs made before traits were recorded; None if unknown."""
+    rec = env.get("engines", {}).get(engine, {})
+    if isinstance(rec, dict) and isinstance(rec.get("traits"), dict):
+        return Traits.from_json(rec["traits"])
+    return BUILTIN.get(engine)
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,17 @@ class Run:
     @property
     def engines(self) -> list[str]:
         return order_engines(self.ok["engine"].unique())
+
+    def traits(self, engine: str) -> Traits | None:
+        return engine_traits(self.env, engine)
+
+    def first_with(self, **want: Any) -> str | None:
+        """The first engine of the run (house order) whose traits have these values."""
+        for e in self.engines:
+            t = self.traits(e)
+            if t is not None and all(getattr(t, k) == v for k, v in want.items()):
+                return e
+        return None
 
     def gds_modes(self) -> dict[str, str]:
         """Engine -> its mode(s) on this run ('emulated', 'compat', 'gds', 'none')."""

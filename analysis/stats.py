@@ -19,10 +19,6 @@ from scipy import stats as sps
 from analysis.runs import Run, order_engines
 
 CASE = ["workload", "n_targets", "engine"]
-# Engines that write with O_DIRECT (their ceiling is the direct-write one) and the baselines
-# that write into the first target only.
-DIRECT = ("gds", "cpu-single")
-FIRST_TARGET_ONLY = ("torch-save", "dcp")
 
 
 def ordered(df: pd.DataFrame) -> pd.DataFrame:
@@ -120,17 +116,21 @@ def summary_table(run: Run) -> pd.DataFrame:
     out["stall_iqr"] = out["stall_q75"] - out["stall_q25"]
     # Speed-up over torch-save on the same workload: torch-save runs at the smallest SSD count
     # and writes one file, so its median there is the reference for every SSD count.
-    ts = out[out["engine"] == "torch-save"].sort_values("n_targets").drop_duplicates("workload")
+    plain = run.first_with(baseline=True, stall="durable")  # torch.save: what users do today
+    ts = out[out["engine"] == plain].sort_values("n_targets").drop_duplicates("workload")
     ref = ts.set_index("workload")
     out["speedup_stall"] = out["workload"].map(ref["stall_s"]) / out["stall_s"]
     out["speedup_total"] = out["workload"].map(ref["total_s"]) / out["total_s"]
     if has_ceilings(run.env):
         eff = []
         for _, r in out.iterrows():
-            direct = r["engine"] in DIRECT
-            n = 1 if r["engine"] in FIRST_TARGET_ONLY else int(r["n_targets"])
-            c = device_ceiling(run.env, "direct_write_Bps" if direct else "buffered_write_Bps",
-                               n, run.shared_device)  # fmt: skip
+            t = run.traits(r["engine"])
+            if t is None:
+                eff.append(np.nan)
+                continue
+            direct = not t.page_cache
+            n = int(r["n_targets"]) if t.stripes else 1
+            c = device_ceiling(run.env, f"{t.write_ceiling()}_Bps", n, run.shared_device)
             if c is None and not direct:
                 c = device_ceiling(run.env, "direct_write_Bps", n, run.shared_device)
             eff.append(np.nan if c is None else 100 * r["write_GBps"] * 1e9 / c)

@@ -7,50 +7,20 @@ the first N entries of `targets`). Unknown keys and bad values fail before anyth
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Annotated, Any, Literal
 
-import torch
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from bench import sizes
-from bench.engines import REGISTRY
-from bench.engines.base import build_options
+from bench.engines import ENGINES, validate_options
 from bench.errors import UserError
-from bench.workloads import PRESETS
+from bench.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
+from bench.workloads.presets import PRESETS
 
-
-def _size(v: Any) -> int:
-    try:
-        return sizes.parse_size(v, "value")
-    except UserError as e:
-        raise ValueError(str(e).removeprefix("value: ")) from None
-
-
-def _rate(v: Any) -> int:
-    """A bandwidth: a size per second ("400MB/s", "1GiB/s") or a plain number of bytes/s."""
-    text = v.strip()[:-2] if isinstance(v, str) and v.strip().endswith("/s") else v
-    try:
-        return _size(text)
-    except ValueError:
-        raise ValueError(
-            f"cannot read {v!r} as a bandwidth; use bytes per second such as 400MB/s or 2GiB/s"
-        ) from None
-
-
-Size = Annotated[int, BeforeValidator(_size)]
-Rate = Annotated[int, BeforeValidator(_rate)]
-PosInt = Annotated[int, Field(gt=0)]
 Mapping = Literal["shared", "dedicated", "per_target"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """A model-shaped preset (see bench.workloads.models)."""
 
     preset: str
@@ -60,14 +30,14 @@ class ModelSpec(_Strict):
     rank: Annotated[int, Field(ge=0)] = 0
 
 
-class TargetSpec(_Strict):
+class TargetSpec(Strict):
     """A target directory, optionally capped to emulate a slower SSD."""
 
     path: str
     max_write_bw: Rate | None = None  # bytes/s, paced by the writers (token bucket)
 
 
-class CeilingSpec(_Strict):
+class CeilingSpec(Strict):
     """How device ceilings are measured before the sweep (see bench.ceiling)."""
 
     enabled: bool = True
@@ -78,7 +48,7 @@ class CeilingSpec(_Strict):
     repetitions: PosInt = 3
 
 
-class RanksSpec(_Strict):
+class RanksSpec(Strict):
     """Multi-rank runs (bench.distributed, under torchrun): each rank checkpoints its own shard.
 
     `mapping` is an axis: `shared` (every rank stripes over all N targets of the case),
@@ -97,7 +67,7 @@ class RanksSpec(_Strict):
     timeout_s: Annotated[float, Field(gt=0)] = 60.0  # collectives; a lost rank fails by then
 
 
-class Config(_Strict):
+class Config(Strict):
     """One sweep. Sizes are bytes after validation."""
 
     name: str = "run"
@@ -142,26 +112,11 @@ class Config(_Strict):
         return [self.max_write_bw] * max(self.ssd_counts)
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
-
-
 def _check(cfg: Config) -> None:
     # The name goes into the run directory and every checkpoint name: one path component.
     if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\0" in cfg.name:
         raise UserError(f"name: {cfg.name!r} must be a non-empty name without '/'")
-    for i, e in enumerate(cfg.engines):
-        if e not in REGISTRY:
-            raise UserError(f"engines.{i}: unknown engine {e!r} (known: {', '.join(REGISTRY)})")
-    if len(set(cfg.engines)) != len(cfg.engines):
-        raise UserError(f"engines: an engine is listed twice in {cfg.engines}")
-    for e, opts in cfg.engine_options.items():
-        if e not in REGISTRY:
-            raise UserError(f"engine_options.{e}: unknown engine {e!r}")
-        try:
-            build_options(REGISTRY[e].Options, e, opts)
-        except UserError as err:
-            raise UserError(f"engine_options.{e}: {err}") from None
+    check_engines(cfg.engines, cfg.engine_options)
     targets = cfg.resolved_targets()
     for i, t in enumerate(targets):
         if t in targets[:i]:
@@ -178,11 +133,11 @@ def _check(cfg: Config) -> None:
         (f"models.{i}.dtype", m.dtype) for i, m in enumerate(cfg.models)
     ]
     for key, name in dtypes:
-        if not isinstance(getattr(torch, name, None), torch.dtype):
+        if name not in DTYPES:
             raise UserError(
                 f"{key}: unknown dtype {name!r} (e.g. float32, bfloat16, float16, uint8)"
             )
-    item = getattr(torch, cfg.dtype).itemsize
+    item = DTYPES[cfg.dtype]
     for key in ("total_sizes", "tensor_sizes"):
         for i, v in enumerate(getattr(cfg, key)):
             if v % item:
@@ -225,25 +180,35 @@ def _check_ranks(cfg: Config) -> None:
         )
 
 
-def _set(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one `--set key.path=value` (value parsed as YAML) to the raw config."""
-    if "=" not in assignment:
-        raise UserError(f"--set {assignment!r}: expected key=value, e.g. repetitions=5")
-    key, text = assignment.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise UserError(f"--set {assignment!r}: bad key {key!r}")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise UserError(f"--set {assignment!r}: cannot parse the value {text!r}") from None
-    node = raw
-    for p in parts[:-1]:
-        nxt = node.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise UserError(f"--set {assignment!r}: {p} is not a mapping")
-        node = nxt
-    node[parts[-1]] = value
+def check_engines(engines: list[str], options: dict[str, dict[str, Any]],
+                  extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """The engine names of a config (`extra`: names that are not engines but allowed, such as
+    a training config's `none`) and each engine's options, validated by its options model."""
+    known = [*extra, *ENGINES]
+    for i, e in enumerate(engines):
+        if e not in known:
+            raise UserError(f"engines.{i}: unknown engine {e!r} (known: {', '.join(known)})")
+    if len(set(engines)) != len(engines):
+        raise UserError(f"engines: an engine is listed twice in {engines}")
+    for e, opts in options.items():
+        if e in extra:
+            raise UserError(f"engine_options.{e}: {e} is not an engine and takes no options")
+        if e not in ENGINES:
+            raise UserError(f"engine_options.{e}: unknown engine {e!r}")
+        validate_options(e, opts, f"engine_options.{e}")
+
+
+def engine_options(cfg: Any, engine: str) -> dict[str, Any]:
+    """The config's options for `engine`, with the run's device where the engine takes one."""
+    opts = dict(cfg.engine_options.get(engine, {}))
+    if "device" in ENGINES[engine].options.model_fields and "device" not in opts:
+        opts["device"] = cfg.device
+    return opts
+
+
+def resolved_options(cfg: Any, engines: list[str]) -> dict[str, dict[str, Any]]:
+    """Every engine's options with their defaults filled in, as stored in env.json."""
+    return {e: validate_options(e, engine_options(cfg, e)).model_dump() for e in engines}
 
 
 def from_dict(raw: Any, where: str = "config") -> Config:
@@ -261,57 +226,9 @@ def from_dict(raw: Any, where: str = "config") -> Config:
     return validated(Config, raw, where, _check)
 
 
-def validated(model: type[BaseModel], raw: dict[str, Any], where: str, check: Any) -> Any:
-    """`model(**raw)`, then `check(cfg)`; either's first error as one line prefixed by `where`."""
-    try:
-        cfg = model(**raw)
-    except ValidationError as e:
-        raise validation_error(e, where) from None
-    try:
-        check(cfg)
-    except UserError as e:
-        raise UserError(f"{where}: {e}") from None
-    return cfg
-
-
-def validation_error(e: ValidationError, where: str) -> UserError:
-    """pydantic's first error as one line naming the key path (and the value, if ours did not)."""
-    err = e.errors()[0]
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif "input" in err and not isinstance(err["input"], dict | list):
-        # Our own validators (sizes) already quote the value; pydantic's messages do not.
-        if err["type"] != "value_error":
-            msg = f"{msg}, got {err['input']!r}"
-    return UserError(f"{where}: {_loc(err['loc'])}: {msg}")
-
-
 def load(path: str, overrides: list[str] | None = None) -> Config:
     """Read, override (`--set`) and validate a YAML config."""
     return from_dict(read_yaml(path, overrides), f"config {path}")
-
-
-def read_yaml(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    """A YAML config as a mapping, with the `--set key=value` overrides applied; a missing,
-    unreadable or non-mapping file is a one-line UserError."""
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise UserError(f"config {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"config {path}: is a directory") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"config {path}: not valid YAML{line}") from None
-    raw = raw if raw is not None else {}
-    if not isinstance(raw, dict):
-        raise UserError(f"config {path}: expected a mapping of keys, got {type(raw).__name__}")
-    for a in overrides or []:
-        _set(raw, a)
-    return raw
 
 
 def resolved(cfg: Config) -> dict[str, Any]:
@@ -320,8 +237,7 @@ def resolved(cfg: Config) -> dict[str, Any]:
     d["targets"] = cfg.resolved_targets()
     d["target_caps"] = cfg.target_caps()
     d["engine_options"] = {
-        e: dataclasses.asdict(build_options(REGISTRY[e].Options, e, cfg.engine_options.get(e, {})))
-        for e in cfg.engines
+        e: validate_options(e, cfg.engine_options.get(e, {})).model_dump() for e in cfg.engines
     }
     run, skipped = cfg.synthetic_cases()
     d["skipped_cases"] = [{"total_bytes": t, "tensor_bytes": s, "why": "tensor larger than total"}

@@ -608,6 +608,7 @@ class DistributedRunner(runner.Runner):
             envb = env.collect(self.targets[: max(cfg.ssd_counts)])
             envb["device"] = {"kind": self.device.kind, "emulated": self.device.emulated}
             envb["config"] = config_mod.resolved(cfg)
+            envb["engines"] = runner.engines_block(cfg.engines)
         return {"run_id": self.run_id, "run_dir": self.run_dir, "done": done, "env": envb}
 
     def _write_env(self, envb: dict[str, Any], table: list[dict[str, Any]], nodes: list[Any],
@@ -724,7 +725,7 @@ class DistributedRunner(runner.Runner):
             mine = self.my_targets(g)
             assert mine is not None
             caps = cfg.target_caps()
-            capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].stripes
+            capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
             n_tensors, total = runner._tensor_stats(state)
             row = runner.new_row(cfg, self.run_id, case_id, engine, eng, self.device, wl,
                                  total, n_tensors, g.n, warm, rep, self.cache_dropped, capped)  # fmt: skip

@@ -26,12 +26,10 @@ from tqdm import tqdm
 
 from bench import ceiling, devices, env, measure, odirect, results, sizes, verify
 from bench import config as config_mod
-from bench.engines import REGISTRY, create
+from bench.engines import ENGINES, REGISTRY, create
+from bench.engines.traits import Traits
 from bench.errors import UserError
 from bench.workloads import model_state, synthetic_state
-
-BASELINES = ("torch-save", "dcp")
-O_DIRECT_ENGINES = ("cpu-single", "gds")
 
 
 @dataclass(frozen=True)
@@ -88,6 +86,12 @@ def skipped_engines(cfg: config_mod.Config) -> dict[str, str]:
     return out
 
 
+def engines_block(names: list[str]) -> dict[str, Any]:
+    """env.json `engines`: what each engine of the run is (its traits), so that analysis never
+    needs to know engines by name."""
+    return {e: {"traits": REGISTRY[e].traits.to_json()} for e in names}
+
+
 def check_dirs(dirs: list[str], engines: list[str]) -> None:
     """Each directory exists and is writable, and takes O_DIRECT if an engine needs it."""
     for t in dirs:
@@ -97,11 +101,11 @@ def check_dirs(dirs: list[str], engines: list[str]) -> None:
             )
         if not os.access(t, os.W_OK | os.X_OK):
             raise UserError(f"target {t}: is not writable by this user")
-    if any(e in O_DIRECT_ENGINES for e in engines):
+    users = ", ".join(e for e in engines if REGISTRY[e].traits.o_direct)
+    if users:
         for t in dirs:
             reason = odirect.probe(t)
             if reason:
-                users = ", ".join(e for e in engines if e in O_DIRECT_ENGINES)
                 raise UserError(
                     f"target {t}: {reason}; needed by {users} (use a disk-backed target)"
                 )
@@ -119,7 +123,7 @@ def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload],
     largest = scale * max((w.total_bytes for w in wls if w.kind == "synthetic"), default=0)
     if not largest:
         return
-    baselines = any(not REGISTRY[e].stripes for e in cfg.engines)
+    baselines = any(not REGISTRY[e].traits.stripes for e in cfg.engines)
     for i, t in enumerate(targets[: max(cfg.ssd_counts)]):
         n = min(c for c in cfg.ssd_counts if c > i)
         share = largest if (i == 0 and baselines) else -(-largest // n)
@@ -136,10 +140,8 @@ def _options(cfg: config_mod.Config, engine: str, n_targets: int,
              indices: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """The engine's options for a case over the first `n_targets` targets (or the targets at
     `indices`, with their write caps)."""
-    opts = dict(cfg.engine_options.get(engine, {}))
-    fields = {f.name for f in dataclasses.fields(REGISTRY[engine].Options)}
-    if "device" in fields and "device" not in opts:
-        opts["device"] = cfg.device
+    opts = config_mod.engine_options(cfg, engine)
+    fields = ENGINES[engine].options.model_fields
     all_caps = cfg.target_caps()
     caps = [all_caps[i] for i in indices] if indices is not None else all_caps[:n_targets]
     if "max_write_bw" in fields and any(caps):
@@ -147,29 +149,27 @@ def _options(cfg: config_mod.Config, engine: str, n_targets: int,
     return opts
 
 
-PERSIST_CEILING = {"cpu-single": "direct_write_Bps", "gds": "direct_write_Bps",
-                   "cpu-double": "buffered_write_Bps", "torch-save": "buffered_write_Bps",
-                   "dcp": "buffered_write_Bps"}  # fmt: skip
-
-
-def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None) -> tuple[Any, Any]:
+def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None,
+               traits: Traits | None = None) -> tuple[Any, Any]:  # fmt: skip
     """(persist, snapshot) efficiency of a row against the run's ceilings, or None.
 
-    Persist: bytes / persist_s (total_s for the synchronous engines) over the direct ceiling
-    (cpu-single, gds) or the buffered one (cpu-double and the baselines). Snapshot: bytes /
-    stall_s of the CPU paths over the copy ceiling (device-to-host on CUDA).
+    Persist: bytes / persist_s (total_s for the synchronous engines) over the ceiling of the
+    engine's write (`traits.write_ceiling()`: O_DIRECT, or buffered for page-cache paths).
+    Snapshot: bytes / stall_s of an engine whose stall is a snapshot out of device memory over
+    the copy ceiling (device-to-host on CUDA).
     """
     if not ceilings or not row.get("total_s"):
         return None, None
+    tr = traits or REGISTRY[row["engine"]].traits
     c = ceilings["per_ssd_count"].get(str(row["n_targets"]))
-    key = PERSIST_CEILING.get(row["engine"])
+    key = f"{tr.write_ceiling()}_Bps"
     persist = None
-    if c and key:
+    if c and key in c:
         t = row["persist_s"] if row["persist_s"] and row["persist_s"] > 0 else row["total_s"]
         persist = round(row["total_bytes"] / t / c[key], 4)
     snapshot = None
     copy = ceilings.get("d2h_Bps") or ceilings.get("copy_Bps")
-    if row["engine"] in ("cpu-single", "cpu-double") and copy and row["stall_s"]:
+    if tr.stall == "snapshot" and not tr.baseline and copy and row["stall_s"]:
         snapshot = round(row["total_bytes"] / row["stall_s"] / copy, 4)
     return persist, snapshot
 
@@ -226,6 +226,7 @@ class Runner:
             envb = env.collect(targets[: max(cfg.ssd_counts)])
             envb["device"] = {"kind": device.kind, "emulated": device.emulated}
             envb["config"] = config_mod.resolved(cfg)
+            envb["engines"] = engines_block(cfg.engines)
         if envb["storage"]["shared_device"]:
             self.notes.append(
                 "all targets share one device: SSD-count scaling on this run is not real scaling"
@@ -289,8 +290,7 @@ class Runner:
         sizes_ = [w.total_bytes for w in wls if w.kind == "synthetic"]
         largest = max(sizes_, default=1 << 30)
         opts = config_mod.resolved(cfg)["engine_options"]
-        block = next((opts[e]["chunk_bytes"] for e in ("cpu-single", "cpu-double", "gds")
-                      if e in opts), 16 << 20)  # fmt: skip
+        block = next((o["chunk_bytes"] for o in opts.values() if "chunk_bytes" in o), 16 << 20)
         self.log("measuring device ceilings (storage with "
                  f"{'fio' if spec.tool != 'builtin' and ceiling.fio_version() else 'built-in probe'}, "
                  "memory copy)")  # fmt: skip
@@ -340,7 +340,7 @@ class Runner:
         return [
             e
             for e in self.cfg.engines
-            if e not in self.skipped_engines and (REGISTRY[e].stripes or n == first)
+            if e not in self.skipped_engines and (REGISTRY[e].traits.stripes or n == first)
         ]
 
     def _run_targets(self, targets: list[str], wls: list[Workload]) -> None:
@@ -394,7 +394,7 @@ class Runner:
         cfg = self.cfg
         case_id, warm, rep = self._key(w, n_targets, engine, i)
         name = f"ckptbench-{self.run_id}-{case_id}-{'w' if warm else 'r'}{rep}"
-        capped = any(cfg.target_caps()[:n_targets]) and REGISTRY[engine].stripes
+        capped = any(cfg.target_caps()[:n_targets]) and REGISTRY[engine].traits.stripes
         row = new_row(cfg, self.run_id, case_id, engine, eng, self.device, w, total, n_tensors,
                       n_targets, warm, rep, self.cache_dropped, capped)  # fmt: skip
         try:
@@ -428,7 +428,7 @@ def new_row(cfg: config_mod.Config, run_id: str, case_id: str, engine: str, eng:
         "page_cache_peak_bytes": None, "rss_peak_bytes": None, "cpu_user_s": None,
         "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
         "cache_dropped": cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
-        "options": json.dumps(dataclasses.asdict(opts), sort_keys=True) if opts else "{}",
+        "options": json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}",
         "capped": capped, "persist_efficiency": None, "snapshot_efficiency": None,
         "verified": False, "error": "",
         "rank": 0, "world_size": 1, "node": socket.gethostname(), "node_rank": 0,
@@ -474,7 +474,8 @@ def restore_phase(row: dict[str, Any], eng: Any, engine: str, state: Any, name: 
     row["restore_s"] = (measure.now_ns() - t0) / 1e9
     row["restore_mode"] = getattr(eng, "restore_mode", "host")
     if check:
-        compare = verify.first_tensor_difference if engine in BASELINES else verify.first_difference
+        loose = REGISTRY[engine].traits.loose_keys
+        compare = verify.first_tensor_difference if loose else verify.first_difference
         diff = compare(state, loaded)
         row["verified"] = diff is None
         if diff:

@@ -19,8 +19,10 @@ import pytest
 from bench import engines, odirect
 
 REPO = Path(__file__).resolve().parent.parent
-O_DIRECT_ENGINES = ("cpu-single", "gds")
-STRIPED_ENGINES = ("cpu-single", "cpu-double", "gds")
+# Tests parametrise over the registry: a new engine is tested by what its traits say it is.
+ENGINES = tuple(engines.names())
+STRIPED_ENGINES = tuple(e for e in ENGINES if engines.traits_of(e).stripes)
+BASELINE_ENGINES = tuple(e for e in ENGINES if not engines.traits_of(e).stripes)
 
 
 def scratch_base() -> Path:
@@ -63,7 +65,7 @@ def targets(scratch: Path) -> Callable[[int], list[str]]:
 
 def skip_without_odirect(engine: str, dirs: list[str]) -> None:
     """Skip the test, with the probe's reason, if `engine` needs O_DIRECT and a dir refuses it."""
-    if engine not in O_DIRECT_ENGINES:
+    if not engines.traits_of(engine).o_direct:
         return
     for d in dirs:
         reason = odirect.probe(d)

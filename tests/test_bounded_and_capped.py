@@ -58,7 +58,10 @@ def test_ring_and_whole_state_write_the_same_files(make_engine, targets):
 
 
 def test_bad_staging_chunks(make_engine, targets):
-    with pytest.raises(UserError, match="staging_chunks must be 0"):
+    with pytest.raises(
+        UserError,
+        match=r"^engine cpu-single: staging_chunks: Input should be greater than or equal to 0, got -2$",
+    ):
         make_engine("cpu-single", targets(1), staging_chunks=-2)
 
 
@@ -82,15 +85,16 @@ def test_token_bucket_paces_many_threads_to_its_rate():
 
 
 def test_four_capped_targets_scale_like_four_slow_ssds(make_engine, targets):
-    """With caps far below the disk's speed, 4 targets persist ~4x faster than 1."""
-    state = synthetic_state(32 * MiB, MiB, seed=1)
+    """With caps far below the disk's speed, 4 targets persist ~4x faster than 1. The caps are
+    low enough (4 x 20 MB/s) that a disk slowed by other work still outruns them."""
+    state = synthetic_state(16 * MiB, MiB, seed=1)
     speeds = {}
     for n in (1, 4):
-        eng = make_engine("cpu-single", targets(n), max_write_bw="50MB/s", chunk_bytes="1MiB")
+        eng = make_engine("cpu-single", targets(n), max_write_bw="20MB/s", chunk_bytes="1MiB")
         res = eng.save(state, "c").wait()
         speeds[n] = res.bytes / res.persist_s
         assert first_difference(state, eng.load("c")) is None
-    assert speeds[1] < 1.15 * 50e6
+    assert speeds[1] < 1.15 * 20e6
     assert speeds[4] / speeds[1] > 3.3, speeds
 
 

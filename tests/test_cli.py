@@ -80,7 +80,9 @@ def test_run_bad_config_one_line_exit_2(scratch: Path) -> None:
     path = write_config(scratch, repetitons=3)
     out = scratch / "results"
     line = assert_one_line_error(ckptbench("run", str(path), "-o", str(out)))
-    assert line == f"ckptbench: error: config {path}: repetitons: unknown key"
+    assert line.startswith(
+        f"ckptbench: error: config {path}: repetitons: unknown key (known: name, engines, "
+    )
     assert not out.exists()
 
 
@@ -88,7 +90,7 @@ def test_run_bad_set_one_line_exit_2(scratch: Path) -> None:
     path = write_config(scratch)
     out = scratch / "results"
     p = ckptbench("run", str(path), "-o", str(out), "--set", "engine_options.gds.chunk_bytes=1000")
-    assert_one_line_error(p, "engine_options.gds", "chunk_bytes must be a multiple of 4096")
+    assert_one_line_error(p, "engine_options.gds.chunk_bytes: must be a multiple of 4096")
     p = ckptbench("run", str(path), "-o", str(out), "--set", "nokey")
     assert_one_line_error(p, "--set 'nokey': expected key=value")
     assert not out.exists()

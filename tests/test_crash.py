@@ -35,6 +35,7 @@ from typing import Any
 import crash_child  # tests/ is on sys.path (pytest's rootdir insertion), the fork server's too
 import pytest
 import torch
+from conftest import STRIPED_ENGINES
 
 from bench import manifest
 from bench.errors import UserError
@@ -46,7 +47,7 @@ OPTIONS = {"device": "host-emulated", "chunk_bytes": "4MiB"}
 KILLS = 20  # kills after GO, spread over 0..1.1 x an uninterrupted save's duration
 AFTER_DONE = (0.0, 0.05)  # more kills, seconds after the child said DONE (durable)
 FRESH = (0.1, 0.4, 0.7)  # kills of a fresh name's save, in fractions of the duration
-STRIPED = ("cpu-single", "cpu-double", "gds")
+STRIPED = STRIPED_ENGINES
 SAVE_ID = r"[0-9a-f]{16}"
 # The files one save puts in a checkpoint directory, with its SAVEID (bench.manifest's format).
 OWN_FILE = re.compile(

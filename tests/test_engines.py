@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import STRIPED_ENGINES
 
-from bench.engines import SaveResult
+from bench.engines.base import SaveResult
 
-STRIPED = ("cpu-single", "cpu-double", "gds")
+STRIPED = STRIPED_ENGINES
 SNAPSHOT = ("cpu-single", "cpu-double")
 DTYPES = (
     torch.float32,

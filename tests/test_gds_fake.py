@@ -602,4 +602,7 @@ def test_a_sweep_skips_gds_that_cannot_run_and_says_why(scratch, monkeypatch, ca
     # With nothing left to run, the sweep is refused in one line.
     cfg.write_text(cfg.read_text().replace("[gds, cpu-double]", "[gds]"))
     assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 2
-    assert "no engine of the config can run here (gds: kvikio is not installed" in capsys.readouterr().err
+    assert (
+        "no engine of the config can run here (gds: kvikio is not installed"
+        in capsys.readouterr().err
+    )

@@ -1,33 +1,106 @@
 """Engines: the three data paths (gds, cpu-double, cpu-single) and the baselines users run today
-(torch-save, dcp), each one module registered in `REGISTRY` by its name.
+(torch-save, dcp), each one module registered below by one line.
 
     from bench.engines import create
     eng = create("cpu-single", targets=["/mnt/nvme0", "/mnt/nvme1"], chunk_bytes="32MiB")
+
+A registration line names the engine, its class ("module:Class", imported only when the engine
+is used) and its options model (bench.engines.options), so that a config is validated without
+importing torch or any engine. The class declares the rest (`traits`, see
+bench.engines.traits, and the contract in bench.engines.base); tests/test_engines.py checks that
+every registered engine keeps it.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from bench.engines import cpu_double, cpu_single, dcp, gds, torch_save  # noqa: F401 - registers them
-from bench.engines.base import REGISTRY, Engine, PendingSave, SaveResult
+from bench.engines import options as opts
 from bench.errors import UserError
+from bench.schema import validated
 
-__all__ = ["REGISTRY", "Engine", "PendingSave", "SaveResult", "create", "names", "unavailable"]
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered engine: where its class lives and which options model it takes."""
+
+    target: str  # "module:Class"
+    options: type[opts.Strict]
+
+
+ENGINES: dict[str, Entry] = {
+    "gds": Entry("bench.engines.gds:Gds", opts.GdsOptions),
+    "cpu-single": Entry("bench.engines.cpu_single:CpuSingle", opts.StripedOptions),
+    "cpu-double": Entry("bench.engines.cpu_double:CpuDouble", opts.StripedOptions),
+    "torch-save": Entry("bench.engines.torch_save:TorchSave", opts.NoOptions),
+    "dcp": Entry("bench.engines.dcp:Dcp", opts.DcpOptions),
+}
+
+
+def register(name: str, target: str, options: type[opts.Strict] = opts.NoOptions) -> None:
+    """Register an engine at run time (a plugin or a test): the same as a line in ENGINES."""
+    ENGINES[name] = Entry(target, options)
+
+
+class _Registry(Mapping[str, type]):
+    """name -> engine class, importing an engine's module only when its class is asked for."""
+
+    def __getitem__(self, name: str) -> type:
+        entry = ENGINES[name]
+        module, _, cls = entry.target.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ENGINES)
+
+    def __len__(self) -> int:
+        return len(ENGINES)
+
+    def __contains__(self, name: object) -> bool:
+        return name in ENGINES
+
+
+REGISTRY: Mapping[str, type] = _Registry()
 
 
 def names() -> list[str]:
-    return list(REGISTRY)
+    return list(ENGINES)
+
+
+def check_name(name: str, where: str = "engine") -> None:
+    if name not in ENGINES:
+        raise UserError(f"{where}: unknown engine {name!r} (known: {', '.join(ENGINES)})")
+
+
+def options_model(name: str) -> type[opts.Strict]:
+    check_name(name)
+    return ENGINES[name].options
+
+
+def validate_options(name: str, given: Any, path: str = "") -> Any:
+    """Engine `name`'s options model from a mapping. Errors name the key path: under `path`
+    within a config (e.g. `engine_options.gds`), else after `engine NAME`."""
+    if path:
+        return validated(options_model(name), given, "", path=path)
+    return validated(options_model(name), given, f"engine {name}")
+
+
+def traits_of(name: str) -> Any:
+    """The traits engine `name` declares (imports its module)."""
+    check_name(name)
+    return REGISTRY[name].traits
 
 
 def unavailable(name: str, options: dict[str, Any] | None = None) -> str | None:
     """None if engine `name` can run here with `options`, else why not."""
-    if name not in REGISTRY:
-        raise UserError(f"unknown engine {name!r} (known: {', '.join(REGISTRY)})")
+    check_name(name)
     return REGISTRY[name].unavailable(options)
 
 
-def create(name: str, targets: list[str], **options: Any) -> Engine:
+def create(name: str, targets: list[str], **options: Any) -> Any:
     """A ready engine writing to `targets` (directories, in order); options are engine knobs."""
     reason = unavailable(name, options)
     if reason:

@@ -15,13 +15,13 @@ save to finish persisting), `total_s` until the bytes are durable, `persist_s = 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from bench.engines.traits import Traits
 from bench.errors import UserError
 
 
@@ -102,11 +102,13 @@ class PendingSave:
 
 
 class Engine(Protocol):
-    """What every engine module provides."""
+    """What every engine module provides (tests/test_engines.py checks each registered one)."""
 
     name: ClassVar[str]
-    stripes: ClassVar[bool]  # whether it spreads a checkpoint over all its targets
+    traits: ClassVar[Traits]  # what its data path is (bench.engines.traits)
     targets: list[str]
+    pinned_bytes: int  # page-locked host memory it holds
+    restore_mode: str  # how its last load() read: "host", or for gds into CUDA "gds"/"compat"
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
@@ -128,26 +130,12 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-REGISTRY: dict[str, type] = {}
+def build_options(engine: str, given: dict[str, Any]) -> Any:
+    """Engine `engine`'s validated options (its registered model); errors are UserErrors naming
+    the option."""
+    from bench.engines import validate_options
 
-
-def register(cls: type) -> type:
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def build_options(options_cls: type, engine: str, given: dict[str, Any]) -> Any:
-    """Make an engine's frozen options dataclass; unknown or bad options are UserErrors."""
-    known = {f.name: f for f in dataclasses.fields(options_cls)}
-    for k in given:
-        if k not in known:
-            raise UserError(
-                f"engine {engine}: unknown option {k!r} (known: {', '.join(sorted(known)) or 'none'})"
-            )
-    try:
-        return options_cls(**given)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"engine {engine}: {e}") from None
+    return validate_options(engine, given)
 
 
 def check_targets(engine: str, targets: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from bench import manifest
 from bench.engines.base import build_options, check_name, check_targets
+from bench.engines.traits import Traits
 from bench.errors import UserError
 
 POINTER = "current"
@@ -24,11 +25,11 @@ class BaselineEngine:
     """Base of the baselines: subclasses write a generation directory in `save()`."""
 
     name: str
-    Options: type
-    stripes = False  # writes into the first target only
+    traits: Traits
+    restore_mode = "host"
 
     def __init__(self, targets: list[str], **options: Any) -> None:
-        self.options = build_options(self.Options, self.name, options)
+        self.options = build_options(self.name, options)
         self.targets = check_targets(self.name, targets)
         self.pinned_bytes = 0
 

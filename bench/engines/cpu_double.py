@@ -7,11 +7,14 @@ about 2 x the checkpoint while the page cache holds the dirty data.
 
 from __future__ import annotations
 
-from bench.engines.base import register
 from bench.engines.striped import SnapshotEngine
+from bench.engines.traits import Traits
 
 
-@register
 class CpuDouble(SnapshotEngine):
     name = "cpu-double"
-    o_direct = False
+    traits = Traits(
+        stall="snapshot", from_device=False, o_direct=False, page_cache=True, stripes=True,
+        host_copies=2, baseline=False,
+        summary="device -> pinned staging; background buffered write + fsync",
+    )  # fmt: skip

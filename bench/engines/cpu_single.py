@@ -9,11 +9,14 @@ and the file is truncated back to its exact length.
 
 from __future__ import annotations
 
-from bench.engines.base import register
 from bench.engines.striped import SnapshotEngine
+from bench.engines.traits import Traits
 
 
-@register
 class CpuSingle(SnapshotEngine):
     name = "cpu-single"
-    o_direct = True
+    traits = Traits(
+        stall="snapshot", from_device=False, o_direct=True, page_cache=False, stripes=True,
+        host_copies=1, baseline=False,
+        summary="device -> aligned pinned staging; background O_DIRECT + fsync",
+    )  # fmt: skip

@@ -16,32 +16,24 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 from bench import manifest
-from bench.engines.base import PendingSave, SaveResult, register
+from bench.engines.base import PendingSave, SaveResult
 from bench.engines.baseline import BaselineEngine
+from bench.engines.traits import Traits
 
 # Single-process use is intended here; DCP warns about it on every call, from its own threads.
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
 
 
-@dataclass(frozen=True, kw_only=True)
-class DcpOptions:
-    """Knobs passed to FileSystemWriter."""
-
-    thread_count: int = 2
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.thread_count, int) or self.thread_count < 1:
-            raise ValueError(f"thread_count must be a positive integer, got {self.thread_count!r}")
-
-
-@register
 class Dcp(BaselineEngine):
     name = "dcp"
-    Options = DcpOptions
+    traits = Traits(
+        stall="snapshot", from_device=False, o_direct=False, page_cache=True, stripes=False,
+        host_copies=2, baseline=True, loose_keys=True,
+        summary="torch.distributed.checkpoint.async_save, FileSystemWriter(sync_files=True)",
+    )  # fmt: skip
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         super().__init__(targets, **options)

@@ -41,15 +41,15 @@ import importlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from bench import env as env_mod
-from bench import layout, manifest, odirect, sizes
-from bench.engines.base import PendingSave, check_name, register
-from bench.engines.striped import StripedEngine, StripedOptions
+from bench import layout, manifest, odirect
+from bench.engines.base import PendingSave, check_name
+from bench.engines.striped import StripedEngine
+from bench.engines.traits import Traits
 from bench.errors import UserError
 from bench.staging import PinnedBuffer
 
@@ -129,31 +129,6 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-@dataclass(frozen=True, kw_only=True)
-class GdsOptions(StripedOptions):
-    """Knobs of the gds path, on top of the striping ones."""
-
-    io: str = "auto"  # auto, kvikio or emulated
-    allow_compat: bool = True  # if false, a file cuFile cannot take is an error, not a fallback
-    # Device pieces smaller than this go through kvikio's POSIX bounce path (kvikio's default is
-    # 16 KiB); 0 sends every device byte to cuFile.
-    gds_threshold: int | str = 0
-    register_buffers: bool = True  # register the state's device tensors with cuFile in warm()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.io not in ("auto", "kvikio", "emulated"):
-            raise ValueError(f"io must be auto, kvikio or emulated, got {self.io!r}")
-        object.__setattr__(
-            self,
-            "gds_threshold",
-            sizes.parse_size(self.gds_threshold, "gds_threshold", allow_zero=True),
-        )
-        for k in ("allow_compat", "register_buffers"):
-            if not isinstance(getattr(self, k), bool):
-                raise ValueError(f"{k} must be true or false, got {getattr(self, k)!r}")
-
-
 def _io_choice(options: dict[str, Any]) -> str:
     """The back end `auto` resolves to for these options."""
     io = options.get("io", "auto")
@@ -164,11 +139,13 @@ def _io_choice(options: dict[str, Any]) -> str:
     return "kvikio" if cuda else "emulated"
 
 
-@register
 class Gds(StripedEngine):
     name = "gds"
-    o_direct = True
-    Options = GdsOptions
+    traits = Traits(
+        stall="durable", from_device=True, o_direct=True, page_cache=False, stripes=True,
+        host_copies=0, baseline=False,
+        summary="kvikio CuFile.pwrite straight from device memory (GPUDirect Storage)",
+    )  # fmt: skip
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         super().__init__(targets, **options)

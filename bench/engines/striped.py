@@ -16,14 +16,13 @@ import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import xxhash
 
-from bench import layout, manifest, odirect, pacing, sizes
+from bench import layout, manifest, odirect, pacing
 from bench.devices import detect
 from bench.engines.base import (
     PendingSave,
@@ -32,84 +31,26 @@ from bench.engines.base import (
     check_name,
     check_targets,
 )
+from bench.engines.traits import Traits
 from bench.errors import UserError
 from bench.staging import Staging
-
-
-@dataclass(frozen=True, kw_only=True)
-class StripedOptions:
-    """Knobs of the striped data paths."""
-
-    chunk_bytes: int | str = "16MiB"  # stripe unit and largest single write
-    threads_per_target: int = 2  # writer threads per target
-    checksums: bool = True  # xxh3 per tensor, computed on the persist path, checked on load
-    device: str = "auto"  # where snapshots come from: auto, cuda or host-emulated
-    # Bounded staging (CPU paths): a ring of this many chunks instead of the whole state; 0: off.
-    staging_chunks: int = 0
-    # Threads that copy host tensors into staging (CPU paths, host-emulated snapshot); 0: one per
-    # CPU, at most 8. A device-to-host snapshot is a DMA and ignores it.
-    copy_threads: int = 0
-    # Reserve each data file's full length (posix_fallocate) before writing: O_DIRECT writes
-    # inside the file's size can run in parallel, where appends that extend it are serialised by
-    # the filesystem (ext4 takes its inode lock exclusively for them). See bench/PERF.md.
-    fallocate: bool = True
-    # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
-    # list with one per target (None: uncapped). Paced per target by a token bucket.
-    max_write_bw: Any = None
-
-    def __post_init__(self) -> None:
-        caps = self.max_write_bw
-        if caps is not None:
-            one = not isinstance(caps, list | tuple)
-            parsed = tuple(None if c is None else _rate(c) for c in ([caps] if one else caps))
-            object.__setattr__(self, "max_write_bw", parsed[0] if one else parsed)
-        chunk = sizes.parse_size(self.chunk_bytes, "chunk_bytes")
-        if chunk % odirect.ALIGN:
-            raise ValueError(f"chunk_bytes must be a multiple of {odirect.ALIGN}, got {chunk}")
-        object.__setattr__(self, "chunk_bytes", chunk)
-        if not isinstance(self.threads_per_target, int) or self.threads_per_target < 1:
-            raise ValueError(
-                f"threads_per_target must be a positive integer, got {self.threads_per_target!r}"
-            )
-        if not isinstance(self.staging_chunks, int) or self.staging_chunks < 0:
-            raise ValueError(
-                f"staging_chunks must be 0 (off) or a positive integer, got {self.staging_chunks!r}"
-            )
-        if not isinstance(self.copy_threads, int) or self.copy_threads < 0:
-            raise ValueError(
-                f"copy_threads must be 0 (one per CPU) or a positive integer, got "
-                f"{self.copy_threads!r}"
-            )
-        if not isinstance(self.checksums, bool):
-            raise ValueError(f"checksums must be true or false, got {self.checksums!r}")
-        if not isinstance(self.fallocate, bool):
-            raise ValueError(f"fallocate must be true or false, got {self.fallocate!r}")
 
 
 def _now() -> int:
     return time.perf_counter_ns()
 
 
-def _rate(v: Any) -> int:
-    if isinstance(v, str) and v.strip().endswith("/s"):
-        v = v.strip()[:-2]
-    try:
-        return sizes.parse_size(v, "max_write_bw")
-    except UserError as e:
-        raise ValueError(str(e)) from None
-
-
 class StripedEngine:
-    """Base of the three data paths; subclasses set `name`, `o_direct` and `_snapshot()`."""
+    """Base of the three data paths; subclasses set `name`, `traits` and `_save()`."""
 
     name: ClassVar[str]
-    o_direct: ClassVar[bool]
-    stripes: ClassVar[bool] = True  # spreads its files over all targets
-    Options: ClassVar[type] = StripedOptions
+    traits: ClassVar[Traits]
+    restore_mode = "host"
 
     def __init__(self, targets: list[str], **options: Any) -> None:
-        self.options = build_options(self.Options, self.name, options)
+        self.options = build_options(self.name, options)
         self.targets = check_targets(self.name, targets)
+        self.o_direct = self.traits.o_direct
         if self.o_direct:
             for t in self.targets:
                 reason = odirect.probe(t)
@@ -130,12 +71,12 @@ class StripedEngine:
         )
         self._pending: PendingSave | None = None
         caps = self.options.max_write_bw
-        if isinstance(caps, tuple) and len(caps) != len(self.targets):
+        if isinstance(caps, list | tuple) and len(caps) != len(self.targets):
             raise UserError(
                 f"engine {self.name}: max_write_bw lists {len(caps)} caps for "
                 f"{len(self.targets)} targets"
             )
-        caps = caps if isinstance(caps, tuple) else (caps,) * len(self.targets)
+        caps = list(caps) if isinstance(caps, list | tuple) else [caps] * len(self.targets)
         burst = self.options.chunk_bytes
         self._buckets = [pacing.TokenBucket(c, burst) if c else None for c in caps]
 

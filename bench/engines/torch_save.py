@@ -9,27 +9,24 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from bench import manifest
-from bench.engines.base import PendingSave, SaveResult, register
+from bench.engines.base import PendingSave, SaveResult
 from bench.engines.baseline import BaselineEngine
+from bench.engines.traits import Traits
 
 FILE = "state.pt"
 
 
-@dataclass(frozen=True, kw_only=True)
-class TorchSaveOptions:
-    """torch.save has no knobs that matter here."""
-
-
-@register
 class TorchSave(BaselineEngine):
     name = "torch-save"
-    Options = TorchSaveOptions
+    traits = Traits(
+        stall="durable", from_device=False, o_direct=False, page_cache=True, stripes=False,
+        host_copies=1, baseline=True, summary="torch.save to one file in the first target, fsync",
+    )  # fmt: skip
 
     def save(self, state: Any, name: str) -> PendingSave:
         t0 = time.perf_counter_ns()

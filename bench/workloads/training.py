@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import dataclasses
 import gc
 import os
 import shutil
@@ -38,19 +37,17 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 from torch import nn
 from tqdm import tqdm
 
 from bench import devices, env, measure, odirect, results, verify
-from bench.config import PosInt, _Strict, read_yaml, validated
+from bench.config import check_engines, engine_options, resolved_options
 from bench.engines import REGISTRY, create
-from bench.engines.base import build_options
 from bench.errors import UserError
+from bench.schema import Float, NonNeg, PosInt, Strict, read_yaml, validated
 
 NONE = "none"  # the baseline: the same loop without checkpoints
-O_DIRECT_ENGINES = ("cpu-single", "gds")
-LOOSE_KEYS = ("dcp",)  # restores with str keys for the optimizer's int keys (see engines/dcp.py)
 
 STEP_COLUMNS = [
     "run_id", "engine", "device", "emulated", "gds_mode", "step", "step_s", "compute_s",
@@ -68,21 +65,7 @@ STEPS_CSV, CKPTS_CSV = "training_steps.csv", "training_checkpoints.csv"
 # --- config -----------------------------------------------------------------------------------
 
 
-def _float(v: Any) -> Any:
-    # YAML 1.1 reads "3e-4" (no dot) as a string; accept it as the number it means.
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            raise ValueError(f"expected a number, got {v!r}") from None
-    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-
-NonNeg = Annotated[int, Field(ge=0)]
-Float = Annotated[float, BeforeValidator(_float)]
-
-
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     """A GPT-like stack of pre-norm transformer encoder layers with a causal mask."""
 
     d_model: PosInt = 512
@@ -94,7 +77,7 @@ class ModelConfig(_Strict):
     batch_size: PosInt = 4
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(Strict):
     """One training-loop run. `engines` may include `none` (no checkpoints: the baseline)."""
 
     name: str = "training"
@@ -132,21 +115,7 @@ class TrainingConfig(_Strict):
 def _check(cfg: TrainingConfig) -> None:
     if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\0" in cfg.name:
         raise UserError(f"name: {cfg.name!r} must be a non-empty name without '/'")
-    known = [NONE, *REGISTRY]
-    for i, e in enumerate(cfg.engines):
-        if e not in known:
-            raise UserError(f"engines.{i}: unknown engine {e!r} (known: {', '.join(known)})")
-    if len(set(cfg.engines)) != len(cfg.engines):
-        raise UserError(f"engines: an engine is listed twice in {cfg.engines}")
-    for e, opts in cfg.engine_options.items():
-        if e == NONE:
-            raise UserError(f"engine_options.{e}: the {NONE} baseline takes no options")
-        if e not in REGISTRY:
-            raise UserError(f"engine_options.{e}: unknown engine {e!r}")
-        try:
-            build_options(REGISTRY[e].Options, e, opts)
-        except UserError as err:
-            raise UserError(f"engine_options.{e}: {err}") from None
+    check_engines(cfg.engines, cfg.engine_options, extra=(NONE,))
     m = cfg.model
     if m.d_model % m.n_heads:
         raise UserError(f"model.n_heads: {m.n_heads} does not divide d_model {m.d_model}")
@@ -178,19 +147,8 @@ def resolved(cfg: TrainingConfig) -> dict[str, Any]:
     d = cfg.model_dump()
     d["targets"] = cfg.resolved_targets()
     d["checkpoint_steps"] = cfg.checkpoint_steps()
-    d["engine_options"] = {e: dataclasses.asdict(build_options(REGISTRY[e].Options, e,
-                                                               engine_options(cfg, e)))
-                           for e in cfg.engines if e != NONE}  # fmt: skip
+    d["engine_options"] = resolved_options(cfg, [e for e in cfg.engines if e != NONE])
     return d
-
-
-def engine_options(cfg: TrainingConfig, engine: str) -> dict[str, Any]:
-    """The config's options for `engine`, with the run's device where the engine takes one."""
-    opts = dict(cfg.engine_options.get(engine, {}))
-    fields = {f.name for f in dataclasses.fields(REGISTRY[engine].Options)}
-    if "device" in fields and "device" not in opts:
-        opts["device"] = cfg.device
-    return opts
 
 
 # --- model and data ---------------------------------------------------------------------------
@@ -316,7 +274,7 @@ class TrainingRun:
                 raise UserError(f"target {t}: does not exist or is not a directory")
             if not os.access(t, os.W_OK | os.X_OK):
                 raise UserError(f"target {t}: is not writable by this user")
-            users = [e for e in cfg.engines if e in O_DIRECT_ENGINES]
+            users = [e for e in cfg.engines if e != NONE and REGISTRY[e].traits.o_direct]
             if users and (why := odirect.probe(t)):
                 raise UserError(f"target {t}: {why}; needed by {', '.join(users)}")
             # the previous checkpoint stays until the next is durable: two at once, plus slack
@@ -338,6 +296,9 @@ class TrainingRun:
         envb = env.collect(targets)
         envb["device"] = {"kind": self.device.kind, "emulated": self.device.emulated}
         envb["config"] = resolved(cfg)
+        envb["engines"] = {
+            e: {"traits": REGISTRY[e].traits.to_json()} for e in cfg.engines if e != NONE
+        }
         envb["training"] = {"params": param_count(cfg.model),
                             "state_bytes": state_bytes(cfg.model),
                             "torch_threads": torch.get_num_threads()}  # fmt: skip
@@ -494,7 +455,7 @@ class TrainingRun:
             last = saves[-1]
             if expected is not None:
                 loaded = eng.load(last.name, device=str(self.device.torch_device))
-                check = verify.first_tensor_difference if engine in LOOSE_KEYS \
+                check = verify.first_tensor_difference if eng.traits.loose_keys \
                     else verify.first_difference  # fmt: skip
                 diff = check(expected, loaded)
                 ckpts[-1]["verified"] = diff is None

@@ -1,0 +1,66 @@
+"""Every engine's knobs, as strict models validated like the rest of a config (bench.schema):
+unknown keys and bad values fail with the key's path. Nothing here imports torch or an engine,
+so a config is checked before anything heavy loads.
+
+An engine names its options model in its registration line (bench/engines/__init__.py); a new
+engine reuses one of these or adds its own here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from bench.schema import NonNeg, PosInt, Rate, Size, SizeOrZero, Strict
+
+ALIGN = 4096  # O_DIRECT alignment (bench.odirect.ALIGN)
+
+
+class NoOptions(Strict):
+    """An engine without knobs."""
+
+
+class StripedOptions(Strict):
+    """Knobs of the striped data paths (gds, cpu-double, cpu-single)."""
+
+    chunk_bytes: Size = 16 << 20  # stripe unit and largest single write
+    threads_per_target: PosInt = 2  # writer threads per target
+    checksums: bool = True  # per tensor, computed on the persist path, checked on load
+    device: Literal["auto", "cuda", "host-emulated"] = "auto"  # where snapshots come from
+    # Bounded staging (CPU paths): a ring of this many chunks instead of the whole state; 0: off.
+    staging_chunks: NonNeg = 0
+    # Threads that copy host tensors into staging (CPU paths, host-emulated snapshot); 0: one per
+    # CPU, at most 8. A device-to-host snapshot is a DMA and ignores it.
+    copy_threads: NonNeg = 0
+    # Reserve each data file's full length (posix_fallocate) before writing: O_DIRECT writes
+    # inside the file's size can run in parallel, where appends that extend it are serialised by
+    # the filesystem (ext4 takes its inode lock exclusively for them). See bench/PERF.md.
+    fallocate: bool = True
+    # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
+    # list with one per target (None: uncapped). Paced per target by a token bucket.
+    max_write_bw: Rate | list[Rate | None] | None = None
+
+    @field_validator("chunk_bytes")
+    @classmethod
+    def _aligned(cls, v: int) -> int:
+        if v % ALIGN:
+            raise ValueError(f"must be a multiple of {ALIGN}, got {v}")
+        return v
+
+
+class GdsOptions(StripedOptions):
+    """Knobs of the gds path, on top of the striping ones."""
+
+    io: Literal["auto", "kvikio", "emulated"] = "auto"
+    allow_compat: bool = True  # if false, a file cuFile cannot take is an error, not a fallback
+    # Device pieces smaller than this go through kvikio's POSIX bounce path (kvikio's default is
+    # 16 KiB); 0 sends every device byte to cuFile.
+    gds_threshold: SizeOrZero = 0
+    register_buffers: bool = True  # register the state's device tensors with cuFile in warm()
+
+
+class DcpOptions(Strict):
+    """Knobs of the dcp baseline."""
+
+    thread_count: PosInt = 2  # FileSystemWriter threads (files)

@@ -1,0 +1,69 @@
+"""What an engine is, declared by the engine itself (as fio's ioengines declare their flags), so
+that the run core, the efficiency columns, the analytical model and the report never switch on
+engine names. A run records every engine's traits in env.json (`engines`); analysis reads them
+from there, and from `BUILTIN` for runs made before traits were recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Traits:
+    """An engine's data path in the terms the model and the core need."""
+
+    # What save() waits for before it returns: the bytes durable ("durable"), or only the state
+    # copied out of the training memory ("snapshot"), the rest persisting in the background.
+    stall: Literal["durable", "snapshot"]
+    # Reads the tensors' device memory itself, with no device-to-host snapshot (GDS).
+    from_device: bool
+    # Writes with O_DIRECT: every target must accept it (checked before the run), and its
+    # writes are judged against the O_DIRECT ceiling.
+    o_direct: bool
+    # Its bytes pass through the page cache (buffered writes): judged against the buffered
+    # ceiling, and the host's memory-copy bandwidth bounds it.
+    page_cache: bool
+    # Spreads a checkpoint over all its targets; else it writes into the first target only and
+    # runs once per workload, at the smallest SSD count.
+    stripes: bool
+    # Host copies of the state while it persists, in units of the checkpoint (pinned staging,
+    # page cache): 0 for GDS, 1 single-copy, 2 double-copy.
+    host_copies: int
+    # A library users would otherwise pick, as opposed to one of the paper's data paths.
+    baseline: bool
+    # Its restore may change key types (DCP: int keys come back as str): verified tensor by
+    # tensor under the same key paths rather than node by node.
+    loose_keys: bool = False
+    # One line for reports: what it does.
+    summary: str = ""
+
+    def write_ceiling(self) -> str:
+        """The device ceiling its write is judged against (a key of env.json `ceilings`)."""
+        return "buffered_write" if self.page_cache else "direct_write"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Traits:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# The engines of runs made before env.json recorded traits (and a check for the engines of today:
+# tests/test_engines.py asserts each engine still declares these).
+BUILTIN: dict[str, Traits] = {
+    "gds": Traits("durable", True, True, False, True, 0, False,
+                  summary="kvikio CuFile.pwrite straight from device memory (GPUDirect Storage)"),
+    "cpu-single": Traits("snapshot", False, True, False, True, 1, False,
+                         summary="device -> aligned pinned staging; background O_DIRECT + fsync"),
+    "cpu-double": Traits("snapshot", False, False, True, True, 2, False,
+                         summary="device -> pinned staging; background buffered write + fsync"),
+    "torch-save": Traits("durable", False, False, True, False, 1, True,
+                         summary="torch.save to one file in the first target, fsync"),
+    "dcp": Traits("snapshot", False, False, True, False, 2, True, loose_keys=True,
+                  summary="torch.distributed.checkpoint.async_save, FileSystemWriter(sync_files=True)"),
+}  # fmt: skip

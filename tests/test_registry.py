@@ -1,0 +1,123 @@
+"""The engine registry and contract: every registered engine declares what it is and keeps the
+contract; a new engine is one module and one registration line; the config layer loads neither
+torch nor any engine."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ENGINES, REPO
+
+from bench import cli, engines, results, schema
+from bench.engines import options as engine_options
+from bench.engines.traits import BUILTIN, Traits
+from bench.verify import first_difference
+
+METHODS = ("unavailable", "warm", "save", "load", "delete", "cached_files", "close")
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_every_registered_engine_keeps_the_contract(name, make_engine, targets):
+    cls = engines.REGISTRY[name]
+    assert cls.name == name
+    assert isinstance(cls.traits, Traits) and cls.traits.summary
+    if name in BUILTIN:
+        assert cls.traits == BUILTIN[name]  # runs made before env.json recorded traits
+    for m in METHODS:
+        assert callable(getattr(cls, m, None)), f"{name} lacks {m}()"
+    assert list(inspect.signature(cls.unavailable).parameters) == ["options"]
+    model = engines.options_model(name)
+    assert issubclass(model, schema.Strict)
+    model()  # every option has a default
+    if cls.unavailable({}) is not None:
+        pytest.skip(f"{name}: {cls.unavailable({})}")
+    eng = make_engine(name, targets(2 if cls.traits.stripes else 1))
+    g = torch.Generator().manual_seed(3)
+    state = {"a": torch.randn(1000, generator=g), "b": {"c": torch.arange(77)}}
+    eng.warm(state)
+    res = eng.save(state, "x").wait()
+    assert res.bytes == 4000 + 77 * 8 and 0 < res.stall_s <= res.total_s
+    assert isinstance(eng.pinned_bytes, int)
+    loaded = eng.load("x")
+    assert eng.restore_mode == "host"
+    assert first_difference(state["a"], loaded["a"]) is None
+    assert eng.cached_files("x") and all(Path(p).is_file() for p in eng.cached_files("x"))
+    eng.delete("x")
+    assert not any(Path(p).exists() for p in eng.cached_files("x"))
+
+
+def test_dtype_table_matches_torch():
+    for name, size in schema.DTYPES.items():
+        assert getattr(torch, name).itemsize == size, name
+
+
+def test_the_config_layer_loads_neither_torch_nor_an_engine():
+    code = (
+        "import sys, bench.config, bench.schema, bench.engines\n"
+        "bench.config.from_dict({'engines': ['gds', 'cpu-single'], 'total_sizes': ['1MiB'],"
+        " 'tensor_sizes': ['1MiB'], 'engine_options': {'gds': {'io': 'emulated'}}})\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'xxhash')"
+        " or (m.startswith('bench.engines.') and m not in ('bench.engines.options',"
+        " 'bench.engines.traits')))\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.fixture
+def copied_engine(tmp_path, monkeypatch) -> str:
+    """A copy of cpu-single's module under a new name, registered with one line."""
+    src = (REPO / "bench" / "engines" / "cpu_single.py").read_text()
+    src = src.replace('name = "cpu-single"', 'name = "cpu-single-copy"')
+    src = src.replace("class CpuSingle(", "class CpuSingleCopy(")
+    (tmp_path / "ckptbench_copy_engine.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(engines.ENGINES, "cpu-single-copy",
+                        engines.Entry("ckptbench_copy_engine:CpuSingleCopy",
+                                      engine_options.StripedOptions))  # fmt: skip
+    return "cpu-single-copy"
+
+
+def test_a_copied_engine_runs_reports_and_is_modelled(copied_engine, scratch, capsys, monkeypatch):
+    """One module and one registration line: it runs in a sweep, gets its efficiency, appears
+    in the report and the model (which read its traits from env.json, not the registry)."""
+    cfg = scratch / "c.yaml"
+    cfg.write_text(
+        "name: copy\nengines: [cpu-single, cpu-single-copy]\ntotal_sizes: [8MiB]\n"
+        f"tensor_sizes: [1MiB]\nscratch: {scratch}/t\nrepetitions: 2\nwarmups: 0\n"
+        "ceilings: {tool: builtin, repetitions: 1}\n"
+        "engine_options: {cpu-single-copy: {chunk_bytes: 1MiB}, cpu-single: {chunk_bytes: 1MiB}}\n"
+    )
+    out = scratch / "out"
+    assert cli.main(["run", str(cfg), "-q", "-o", str(out)]) == 0
+    (run_dir,) = out.iterdir()
+    rows = results.read_rows(str(run_dir))
+    mine = rows[rows["engine"] == copied_engine]
+    assert len(mine) == 2 and mine["verified"].all()
+    assert mine["persist_efficiency"].notna().all() and mine["snapshot_efficiency"].notna().all()
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["engines"][copied_engine]["traits"] == BUILTIN["cpu-single"].to_json()
+    # Analysis knows the engine from env.json alone.
+    monkeypatch.delitem(engines.ENGINES, copied_engine)
+    capsys.readouterr()
+    assert cli.main(["report", str(run_dir)]) == 0
+    report = (run_dir / "report" / "report.md").read_text()
+    model_part = report[report.index("model") :]
+    assert copied_engine in model_part
+    summary = (run_dir / "report" / "summary.csv").read_text()
+    assert copied_engine in summary
+    from analysis import model, runs
+
+    run = runs.load(str(run_dir))
+    assert run.traits(copied_engine) == BUILTIN["cpu-single"]
+    prof = model.from_run(run)
+    pr = model.predict(prof, copied_engine, 1, 8 << 20, run.traits(copied_engine))
+    assert pr.stall_s < pr.durable_s and pr.host_bytes == 8 << 20
