@@ -190,7 +190,9 @@ def load(path: str) -> Run:
         raise UserError(f"{csv_path}: no rows")
     warm = rows["warmup"]
     failed = ~warm & (rows["error"] != "")
-    unverified = ~warm & ~failed & ~rows["verified"]
+    # A run with `verify: false` never compared its restores: its rows are not unverified.
+    checked = bool(env.get("config", {}).get("verify", True))
+    unverified = ~warm & ~failed & ~rows["verified"] & checked
     good = rows[~warm & ~failed & ~unverified]
     multi = good["aggregate"] | (good["ranks_active"] > 1)
     ok, ranked = good[~multi].copy(), good[multi].copy()
@@ -203,6 +205,7 @@ def load(path: str) -> Run:
     run_id = str(rows["run_id"].iloc[0]) if "run_id" in rows else os.path.basename(path)
     excluded = {
         "warm-up": int(warm.sum()),
+        **({} if checked else {"restores not compared (verify: false)": 0}),
         "error": int(failed.sum()),
         "not verified": int(unverified.sum()),
     }

@@ -111,6 +111,14 @@ def summary_table(run: Run) -> pd.DataFrame:
         restore_GBps=("restore_GBps", "median"),
         pinned_x=("pinned_x", "median"),
         page_cache_x=("page_cache_x", "median"),
+        **(
+            {
+                "persist_eff": ("persist_efficiency", "median"),
+                "snapshot_eff": ("snapshot_efficiency", "median"),
+            }
+            if ok.get("persist_efficiency", pd.Series(dtype=float)).notna().any()
+            else {}
+        ),
     ).reset_index()
     out["write_iqr"] = out["write_q75"] - out["write_q25"]
     out["stall_iqr"] = out["stall_q75"] - out["stall_q25"]

@@ -18,13 +18,15 @@ from bench.errors import UserError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from bench import config, distributed, runner  # noqa: PLC0415 - keep `--help` fast
+    from bench import config, devices, distributed  # keep `--help` fast
 
     code = distributed.cli_run(args)  # --nproc, a `ranks:` section, or a rank under torchrun
     if code is not None:
         return code
+    from bench.sweep import Sweep, summary_lines
+
     cfg = config.load(args.config, args.set)
-    r = runner.Runner(cfg, args.output, quiet=args.quiet, resume=args.resume)
+    r = Sweep(cfg, devices.detect(cfg.device), args.output, quiet=args.quiet, resume=args.resume)
     try:
         run_dir = r.run()
     except KeyboardInterrupt:
@@ -38,18 +40,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    table = runner.summary(run_dir)
     print(f"\nrun {r.run_id} ({r.device.kind}{', emulated' if r.device.emulated else ''})")
     if cfg.synthetic_cases()[1]:
         skipped = ", ".join(f"{t}B/{s}B" for t, s in cfg.synthetic_cases()[1])
         print(f"skipped (tensor larger than total): {skipped}")
-    if not table.empty:
-        print(table.to_string())
-    for line in runner.ceiling_lines(run_dir):
+    for line in summary_lines(run_dir, r.notes):
         print(line)
-    for note in r.notes + runner.mode_notes(run_dir):
-        print(f"note: {note}")
-    print(f"results: {run_dir}/results.csv, environment: {run_dir}/env.json")
     if r.failures:
         print(f"{r.failures} row(s) failed or did not verify", file=sys.stderr)
         return 1
@@ -59,10 +55,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from analysis import training as tstats  # noqa: PLC0415
     from analysis.model import text_table  # noqa: PLC0415
-    from bench.workloads import training  # noqa: PLC0415
+    from bench import training
+    from bench.training.loop import TrainingRun
 
     cfg = training.load(args.config, args.set)
-    t = training.TrainingRun(cfg, args.output, quiet=args.quiet)
+    t = TrainingRun(cfg, args.output, quiet=args.quiet)
     run_dir = t.run()
     tr = tstats.load(run_dir)
     print(f"\ntraining run {t.run_id} ({t.device.kind}{', emulated' if t.device.emulated else ''}"

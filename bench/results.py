@@ -27,6 +27,7 @@ COLUMNS = [
 # io_detail: what the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's
 # settings, device/host/registered bytes, why a save was labelled compat); restore_mode: how the
 # restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`).
+STEPS_CSV, CKPTS_CSV = "training_steps.csv", "training_checkpoints.csv"  # `ckptbench train` runs
 # Multi-rank runs (bench.distributed) add one row per rank and one aggregate row per repetition.
 # Single-process rows: rank 0, world_size 1, node = this host, node_rank 0, aggregate False,
 # ranks_active 1, target_map "". Aggregate rows: rank -1, node "", node_rank -1, aggregate True.
@@ -42,19 +43,21 @@ def new_run_dir(root: str, config_name: str) -> tuple[str, str]:
 
 
 class RowWriter:
-    """Appends rows to results.csv, each flushed and fsync'd before the next case starts."""
+    """Appends rows to a CSV (results.csv: `COLUMNS`), each flushed and fsync'd before the next
+    case starts."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, columns: list[str] | None = None) -> None:
         self.path = path
+        self.columns = columns or COLUMNS
         new = not os.path.exists(path)
-        self._f = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
-        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="raise")
+        self._f = open(path, "a", newline="")  # closed in close()
+        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="raise")
         if new:
             self._w.writeheader()
             self._sync()
 
     def write(self, row: dict[str, Any]) -> None:
-        missing = [c for c in COLUMNS if c not in row]
+        missing = [c for c in self.columns if c not in row]
         if missing:
             raise KeyError(f"result row lacks columns {missing}")
         self._w.writerow(row)

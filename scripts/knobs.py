@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import config, results, runner
+from bench import config, devices, results
+from bench.sweep import Sweep
 
 # knob -> (engine, [(label, [--set overrides])])
 KNOBS = {
@@ -49,7 +50,7 @@ def run_one(engine: str, sets: list[str], reps: int, size: str) -> dict[str, flo
         [f"engines=[{engine}]", f"repetitions={reps}", "ceilings.enabled=false",
          f"total_sizes=[{size}]", *sets],
     )  # fmt: skip
-    run_dir = runner.Runner(cfg, "results", quiet=True).run()
+    run_dir = Sweep(cfg, devices.detect("host-emulated"), "results", quiet=True).run()
     df = results.read_rows(run_dir)
     df = df[~df["warmup"].astype(bool) & (df["error"].isna() | (df["error"] == ""))]
     persist = df["persist_s"].where(df["persist_s"] > 0, df["total_s"])

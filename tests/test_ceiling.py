@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import ceiling, devices, odirect, runner
+from bench import ceiling, devices, odirect, rows
 
 MiB = 1 << 20
 WRITERS = [ceiling.builtin_write] + ([ceiling.fio_write] if ceiling.fio_version() else [])
@@ -75,11 +75,11 @@ def test_efficiency_of_a_row() -> None:
     row = {"engine": "cpu-single", "n_targets": 1, "total_bytes": 1e9, "total_s": 1.0,
            "persist_s": 0.9, "stall_s": 0.1}  # fmt: skip
     # persist 1e9 / 0.9 s over 2 GB/s; snapshot 1e9 / 0.1 s over 10 GB/s
-    assert runner.efficiency(row, c) == (round(1 / 0.9 / 2, 4), 1.0)
+    assert rows.efficiency(row, c) == (round(1 / 0.9 / 2, 4), 1.0)
     row = {**row, "engine": "cpu-double"}
-    assert runner.efficiency(row, c) == (round(1 / 0.9, 4), 1.0)
+    assert rows.efficiency(row, c) == (round(1 / 0.9, 4), 1.0)
     # gds and torch-save are synchronous: persist over total_s, no snapshot
     row = {**row, "engine": "torch-save", "persist_s": 0.0, "stall_s": 1.0}
-    assert runner.efficiency(row, c) == (1.0, None)
-    assert runner.efficiency({**row, "n_targets": 2}, c) == (None, None)
-    assert runner.efficiency(row, None) == (None, None)
+    assert rows.efficiency(row, c) == (1.0, None)
+    assert rows.efficiency({**row, "n_targets": 2}, c) == (None, None)
+    assert rows.efficiency(row, None) == (None, None)

@@ -27,6 +27,7 @@ import pytest
 from conftest import REPO, scratch_base
 
 from bench import config, distributed, engines, odirect, results
+from bench import rows as rowlib
 from bench.errors import UserError
 
 MiB = 2**20
@@ -133,7 +134,7 @@ def _row(rank: int, node: int, stall: float, total: float, nbytes: int, cache: i
 def test_aggregate_row_is_max_of_times_and_sum_of_bytes() -> None:
     rows = [_row(0, 0, 0.1, 0.5, 4 * MiB, 10), _row(1, 0, 0.3, 0.4, 4 * MiB, 30),
             _row(2, 1, 0.2, 0.9, 8 * MiB, 5)]  # fmt: skip
-    agg = distributed.aggregate(rows)
+    agg = rowlib.aggregate(rows)
     assert set(agg) == set(results.COLUMNS)
     assert (agg["stall_s"], agg["total_s"], agg["restore_s"]) == (0.3, 0.9, 0.45)
     assert agg["persist_s"] == pytest.approx(0.6)
@@ -149,15 +150,15 @@ def test_aggregate_row_is_max_of_times_and_sum_of_bytes() -> None:
 def test_a_failure_on_one_rank_fails_the_repetition_on_all() -> None:
     rows = [_row(0, 0, 0.1, 0.5, MiB, 0), _row(1, 0, 0.1, 0.5, MiB, 0, error="OSError: disk full"),
             _row(2, 0, 0.1, 0.5, MiB, 0, verified=False)]  # fmt: skip
-    bad = distributed.fail_together(rows, check=True)
+    bad = rowlib.fail_together(rows, check=True)
     assert bad is rows[1]
     assert rows[0]["error"] == "failed on rank 1: OSError: disk full"
     assert rows[1]["error"] == "OSError: disk full"
     assert rows[2]["error"] == "failed on rank 1: OSError: disk full"
-    agg = distributed.aggregate(rows)
+    agg = rowlib.aggregate(rows)
     assert agg["error"] == "rank 1: OSError: disk full" and not agg["verified"]
     clean = [_row(0, 0, 0.1, 0.5, MiB, 0)]
-    assert distributed.fail_together(clean, check=True) is None and clean[0]["error"] == ""
+    assert rowlib.fail_together(clean, check=True) is None and clean[0]["error"] == ""
 
 
 def test_monitored_barrier_errors_name_the_lost_ranks() -> None:
@@ -305,13 +306,9 @@ def test_two_ranks_env_records_the_mapping(two_ranks: dict[str, Any]) -> None:
 def test_resume_with_another_world_size_is_refused(two_ranks: dict[str, Any]) -> None:
     run_dir = str(two_ranks["run_dir"])
     cfg = config.load(str(two_ranks["root"] / "config.json"), ["ranks.nproc=2"])
-    world = distributed.World(rank=0, size=4, local_rank=0, node_rank=0, host="h", timeout_s=5)
-    from bench import devices  # noqa: PLC0415
-
-    r = distributed.DistributedRunner(cfg, world, "unused", devices.detect("host-emulated"),
-                                      quiet=True, resume=run_dir)  # fmt: skip
+    assert cfg.ranks is not None
     with pytest.raises(UserError) as e:
-        r._open_run()
+        distributed.check_resume_world(run_dir, 4)
     assert str(e.value) == (
         f"--resume {run_dir}: it ran with 2 rank(s), this job has 4; resume it with --nproc 2"
     )

@@ -17,9 +17,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from bench import config, manifest, runner
+from bench import config, devices, manifest, plan
 from bench.engines import create
 from bench.errors import UserError
+from bench.sweep import Sweep
 from bench.verify import first_difference
 from bench.workloads import synthetic_state
 
@@ -115,7 +116,7 @@ def test_preflight_refuses_a_sweep_that_does_not_fit(small_fs, scratch):
         }
     )
     with pytest.raises(UserError) as err:
-        runner.Runner(cfg, str(scratch / "results"), quiet=True).run()
+        Sweep(cfg, devices.detect("host-emulated"), str(scratch / "results"), quiet=True).run()
     msg = str(err.value)
     assert str(small_fs) in msg and "free" in msg and "needs" in msg and "256MiB" in msg
     assert not (scratch / "results").exists() or not os.listdir(scratch / "results")
@@ -126,7 +127,7 @@ def test_preflight_refuses_a_sweep_that_does_not_fit(small_fs, scratch):
 def test_full_disk_mid_sweep_is_an_error_row(small_fs, scratch, monkeypatch, on_error):
     """A case that fills the disk becomes an error row with its files removed; earlier rows stay,
     and the sweep goes on or stops as `on_error` says."""
-    monkeypatch.setattr(runner, "check_space", lambda *a: None)  # let it run into the full disk
+    monkeypatch.setattr(plan, "check_space", lambda *a: None)  # let it run into the full disk
     _fill(small_fs, leave=40 * MiB)
     cfg = config.from_dict(
         {
@@ -139,7 +140,7 @@ def test_full_disk_mid_sweep_is_an_error_row(small_fs, scratch, monkeypatch, on_
             "on_error": on_error,
         }
     )
-    r = runner.Runner(cfg, str(scratch / "results"), quiet=True)
+    r = Sweep(cfg, devices.detect("host-emulated"), str(scratch / "results"), quiet=True)
     if on_error == "stop":
         with pytest.raises(UserError, match="stopped after a failed case"):
             r.run()
@@ -220,7 +221,9 @@ def test_resume_of_something_that_is_not_a_run(scratch):
          "scratch": str(scratch / "tg")}
     )  # fmt: skip
     with pytest.raises(UserError, match=r"--resume .*: not a run directory"):
-        runner.Runner(cfg, str(scratch), quiet=True, resume=str(scratch)).run()
+        Sweep(
+            cfg, devices.detect("host-emulated"), str(scratch), quiet=True, resume=str(scratch)
+        ).run()
 
 
 def test_two_runs_on_the_same_targets_do_not_clobber_each_other(scratch):

@@ -21,9 +21,10 @@ import pytest
 import torch
 from conftest import scratch_base
 
-from bench import cli, config, measure, odirect, results, runner
+from bench import cli, config, devices, measure, odirect, plan, results
 from bench.engines import REGISTRY
 from bench.errors import UserError
+from bench.sweep import Sweep
 
 MiB = 2**20
 ENGINES = ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]
@@ -79,7 +80,7 @@ def tiny() -> Iterator[dict[str, Any]]:
     try:
         targets = make_targets(root, 2)
         cfg = config.from_dict(tiny_raw(targets))
-        r = runner.Runner(cfg, str(root / "results"), quiet=True)
+        r = Sweep(cfg, devices.detect("host-emulated"), str(root / "results"), quiet=True)
         run_dir = r.run()
         columns, rows = read_csv(run_dir)
         yield {"cfg": cfg, "runner": r, "run_dir": run_dir, "columns": columns, "rows": rows,
@@ -192,14 +193,16 @@ def test_tiny_run_env_json(tiny: dict[str, Any]) -> None:
 
 
 def test_tiny_run_summary(tiny: dict[str, Any]) -> None:
-    table = runner.summary(tiny["run_dir"])
+    from analysis import runs, summary
+
+    table = summary.table(runs.load(tiny["run_dir"]))
     assert len(table) == 16  # (3 striped x 2 counts + 2 baselines) x 2 workloads
     assert set(table["n"]) == {1}
     assert (table["write_GBps"] > 0).all()
     rows = table.reset_index()
     first = rows[(rows["workload"] == "synthetic-8MiB-1MiB") & (rows["n_targets"] == 1)]
-    assert list(first["engine"]) == ENGINES
-    assert list(rows[rows["n_targets"] == 2]["engine"].unique()) == list(STRIPED)
+    assert list(first["engine"]) == runs.order_engines(ENGINES)
+    assert list(rows[rows["n_targets"] == 2]["engine"].unique()) == runs.order_engines(STRIPED)
 
 
 # -- page cache and stall: the point of cpu-single ----------------------------------------------
@@ -221,7 +224,9 @@ def test_cpu_single_bypasses_the_page_cache(scratch: Path, monkeypatch: pytest.M
         "warmups": 1,
         "engine_options": {"cpu-single": {"checksums": True}, "cpu-double": {"checksums": True}},
     }
-    r = runner.Runner(config.from_dict(raw), str(scratch / "results"), quiet=True)
+    r = Sweep(
+        config.from_dict(raw), devices.detect("host-emulated"), str(scratch / "results"), quiet=True
+    )
     _, rows = read_csv(r.run())
     assert r.failures == 0
     assert len(rows) == 6
@@ -273,7 +278,12 @@ def test_failed_verification_is_recorded(
     small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     corrupt_restores(monkeypatch, "cpu-single", "t00001")
-    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
     _, rows = read_csv(r.run())
     assert [(x["engine"], x["rep"]) for x in rows] == [
         ("cpu-single", "0"), ("torch-save", "0"), ("cpu-single", "1"), ("torch-save", "1"),
@@ -301,7 +311,12 @@ def test_engine_error_is_recorded_and_the_sweep_goes_on(
         raise RuntimeError("injected bug")
 
     monkeypatch.setattr(REGISTRY["cpu-single"], "load", broken_load)
-    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
     _, rows = read_csv(r.run())
     assert len(rows) == 4
     single = [x for x in rows if x["engine"] == "cpu-single"]
@@ -321,7 +336,12 @@ def test_on_error_stop_keeps_the_rows_so_far(
 ) -> None:
     corrupt_restores(monkeypatch, "cpu-single", "t00000")
     small = {**small, "engines": ["torch-save", "cpu-single"], "on_error": "stop"}
-    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
     with pytest.raises(UserError) as e:
         r.run()
     assert str(e.value) == (
@@ -357,7 +377,12 @@ def test_preflight_o_direct_refused(
     small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(odirect, "probe", lambda path: "O_DIRECT refused (EINVAL)")
-    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
     with pytest.raises(UserError) as e:
         r.run()
     t = small["targets"][0]
@@ -371,8 +396,13 @@ def test_preflight_no_space(
     small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = shutil.disk_usage
-    monkeypatch.setattr(runner.shutil, "disk_usage", lambda p: real(p)._replace(free=10 * MiB))
-    r = runner.Runner(config.from_dict(small), str(scratch / "results"), quiet=True)
+    monkeypatch.setattr(plan.shutil, "disk_usage", lambda p: real(p)._replace(free=10 * MiB))
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
     with pytest.raises(UserError) as e:
         r.run()
     t = small["targets"][0]

@@ -18,10 +18,10 @@ from conftest import scratch_base
 
 from analysis import figures, report
 from analysis import training as tstats
-from bench import engines, odirect, verify
+from bench import engines, odirect, training, verify
 from bench.cli import main
 from bench.errors import UserError
-from bench.workloads import training
+from bench.training import loop
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "runs" / "20261202T160516Z-default-b10c3b"
@@ -119,11 +119,11 @@ def tiny_run() -> Iterator[tuple[str, dict[tuple[str, int], Any], dict[str, Any]
     if odirect.probe(t):
         pytest.skip(f"cpu-single and gds need O_DIRECT: {odirect.probe(t)}")
     clones: dict[tuple[str, int], Any] = {}
-    tr = training.TrainingRun(
+    tr = loop.TrainingRun(
         cfg,
         str(root / "results"),
         quiet=True,
-        on_save=lambda e, s, state: clones.__setitem__((e, s), training.clone_state(state)),
+        on_save=lambda e, s, state: clones.__setitem__((e, s), loop.clone_state(state)),
     )
     run_dir = tr.run()
     assert tr.failures == []
@@ -133,8 +133,8 @@ def tiny_run() -> Iterator[tuple[str, dict[tuple[str, int], Any], dict[str, Any]
 
 def test_step_rows(tiny_run: tuple) -> None:
     run_dir, _, _ = tiny_run
-    steps = pd.read_csv(Path(run_dir) / training.STEPS_CSV)
-    assert list(steps.columns) == training.STEP_COLUMNS
+    steps = pd.read_csv(Path(run_dir) / loop.STEPS_CSV)
+    assert list(steps.columns) == loop.STEP_COLUMNS
     assert steps.groupby("engine", sort=False).size().to_dict() == {e: STEPS for e in ENGINES}
     for e, g in steps.groupby("engine"):
         assert g["step"].tolist() == list(range(STEPS))
@@ -161,9 +161,9 @@ def test_step_rows(tiny_run: tuple) -> None:
 
 def test_checkpoint_rows(tiny_run: tuple) -> None:
     run_dir, _, _ = tiny_run
-    steps = pd.read_csv(Path(run_dir) / training.STEPS_CSV)
-    ck = pd.read_csv(Path(run_dir) / training.CKPTS_CSV)
-    assert list(ck.columns) == training.CKPT_COLUMNS
+    steps = pd.read_csv(Path(run_dir) / loop.STEPS_CSV)
+    ck = pd.read_csv(Path(run_dir) / loop.CKPTS_CSV)
+    assert list(ck.columns) == loop.CKPT_COLUMNS
     assert ck["error"].isna().all()
     warm = ck[ck["warmup"]]
     assert warm.groupby("engine").size().to_dict() == {"cpu-single": 1, "gds": 1, "torch-save": 1}
@@ -194,7 +194,7 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
 
 def test_last_checkpoint_loads_back_bit_exact(tiny_run: tuple) -> None:
     run_dir, clones, info = tiny_run
-    ck = pd.read_csv(Path(run_dir) / training.CKPTS_CSV)
+    ck = pd.read_csv(Path(run_dir) / loop.CKPTS_CSV)
     assert sorted(clones) == sorted((e, s) for e in ENGINES[1:] for s in CKPT_STEPS)
     for e in ENGINES[1:]:
         name = f"ckptbench-{info['run_id']}-train-{e}-step{CKPT_STEPS[-1]}"
@@ -307,7 +307,7 @@ def test_report_of_a_harness_run_with_training(tiny_run: tuple, scratch: Path) -
     run_dir, _, _ = tiny_run
     both = scratch / "both"
     shutil.copytree(FIX, both)
-    for f in (training.STEPS_CSV, training.CKPTS_CSV):
+    for f in (loop.STEPS_CSV, loop.CKPTS_CSV):
         shutil.copy(Path(run_dir) / f, both / f)
     rep = report.build(str(both), str(scratch / "rep"))
     assert len(rep.paths) == 15  # the harness report's 13 and Figure 6
@@ -326,7 +326,7 @@ def test_cli_train(scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "torch-save [emulated]  2 " in text
     assert "inflation s / ckpt" in text
     (run,) = out.iterdir()
-    assert {p.name for p in run.iterdir()} == {"env.json", training.STEPS_CSV, training.CKPTS_CSV}
+    assert {p.name for p in run.iterdir()} == {"env.json", loop.STEPS_CSV, loop.CKPTS_CSV}
     assert main(["train", str(path), "--set", "stepz=1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ckptbench: error: config {path}: stepz: unknown key (known: name, ")

@@ -1,0 +1,127 @@
+"""A sweep's plan: config -> workloads x groups of targets x engines x repetitions.
+
+A group is a set of cases that share targets: SSD count n, how the ranks map onto the targets,
+and how many ranks checkpoint at once. A single-process run has one group per SSD count (its
+one rank over the first n targets); bench.distributed plans the groups of multi-rank runs.
+Case ids and checkpoint names are made here, so a resumed run finds its rows again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from bench import config as config_mod
+from bench import sizes
+from bench.engines import REGISTRY
+from bench.errors import UserError
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One state to checkpoint."""
+
+    id: str
+    kind: str  # synthetic or model
+    total_bytes: int  # planned (synthetic) or actual (model) tensor bytes
+    tensor_bytes: int  # 0 for models (mixed sizes)
+    model: config_mod.ModelSpec | None = None
+
+    def build(self, cfg: config_mod.Config, device: Any, total: int | None = None,
+              seed: int = 0) -> Any:  # fmt: skip
+        """The state on `device` (`total` bytes of it for a rank's shard), random bits."""
+        import torch
+
+        from bench.workloads import model_state, synthetic_state
+
+        if self.model is None:
+            size = self.total_bytes if total is None else total
+            return synthetic_state(size, min(self.tensor_bytes, size), getattr(torch, cfg.dtype),
+                                   device, cfg.seed + seed)  # fmt: skip
+        m = self.model
+        return model_state(m.preset, device, getattr(torch, m.dtype), m.optimizer, m.world_size,
+                           m.rank, cfg.seed)  # fmt: skip
+
+
+def workloads(cfg: config_mod.Config) -> list[Workload]:
+    out = []
+    run, _ = cfg.synthetic_cases()
+    for total, tensor in run:
+        wid = f"synthetic-{sizes.format_size(total)}-{sizes.format_size(tensor)}"
+        out.append(Workload(wid, "synthetic", total, tensor))
+    for m in cfg.models:
+        wid = m.preset if m.optimizer else f"{m.preset}-noopt"
+        if m.preset == "llama-7b-shard":
+            wid += f"-r{m.rank}of{m.world_size}"
+        out.append(Workload(wid, "model", 0, 0, m))
+    return out
+
+
+@dataclass(frozen=True)
+class Group:
+    """Cases that share targets: SSD count n, mapping and k ranks checkpointing at once.
+    `label` is the target_map column ("" for a single-process run)."""
+
+    n: int
+    mapping: str
+    k: int
+    label: str
+
+    @property
+    def key(self) -> str:
+        return f"x{self.n}-{self.label}-{self.k}r" if self.label else f"x{self.n}"
+
+    @property
+    def suffix(self) -> str:
+        """What the group adds to a case id (nothing for a single-process run)."""
+        return f"-{self.label}-{self.k}r" if self.label else ""
+
+
+def local_groups(cfg: config_mod.Config) -> list[Group]:
+    """A single-process run: one group per SSD count, this rank over the first n targets."""
+    return [Group(n, "shared", 1, "") for n in cfg.ssd_counts]
+
+
+def engines_at(cfg: config_mod.Config, engines: list[str], n: int) -> list[str]:
+    """Engines run with n targets: those that write into the first target only run once per
+    workload, at the smallest SSD count (their rows say targets_used=1)."""
+    first = min(cfg.ssd_counts)
+    return [e for e in engines if REGISTRY[e].traits.stripes or n == first]
+
+
+def case_key(w: Workload, g: Group, engine: str, i: int, warmups: int) -> tuple[str, bool, int]:
+    """(case_id, warmup, rep) of repetition `i` (warm-ups first)."""
+    warm = i < warmups
+    return f"{w.id}-x{g.n}-{engine}{g.suffix}", warm, i if warm else i - warmups
+
+
+def checkpoint_name(run_id: str, key: tuple[str, bool, int]) -> str:
+    case_id, warm, rep = key
+    return f"ckptbench-{run_id}-{case_id}-{'w' if warm else 'r'}{rep}"
+
+
+def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload],
+                engines: list[str], scale: int = 1) -> None:  # fmt: skip
+    """Enough free space on every target for the largest checkpoint it will hold at once.
+
+    Target i holds a stripe 1/N of a checkpoint over N targets (the smallest N that includes it);
+    the first target also holds whole checkpoints of the engines that do not stripe. Model
+    presets are sized when built; a full disk during a case is recorded as that case's error
+    row. `scale`: how many checkpoints of that size are written at once (ranks that each save a
+    whole total).
+    """
+    largest = scale * max((w.total_bytes for w in wls if w.kind == "synthetic"), default=0)
+    if not largest:
+        return
+    whole = any(not REGISTRY[e].traits.stripes for e in engines)
+    for i, t in enumerate(targets[: max(cfg.ssd_counts)]):
+        n = min(c for c in cfg.ssd_counts if c > i)
+        share = largest if (i == 0 and whole) else -(-largest // n)
+        need = int(share * 1.05) + (64 << 20)  # stripes round up to chunks; temp files
+        free = shutil.disk_usage(t).free
+        if free < need:
+            raise UserError(
+                f"target {t}: {sizes.format_size(free)} free, but a "
+                f"{sizes.format_size(largest)} checkpoint needs {sizes.format_size(need)} here"
+            )

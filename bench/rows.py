@@ -1,0 +1,216 @@
+"""Result rows: one repetition measured in phases (save until durable, restore and compare),
+its efficiency against the run's ceilings, and the aggregate row of a multi-rank repetition.
+
+bench.sweep runs the phases (with barriers between them under torchrun); bench.results writes
+the rows; analysis reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+from typing import Any
+
+from bench import measure, results, verify
+from bench.engines import REGISTRY
+from bench.engines.traits import Traits
+
+
+def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None,
+               traits: Traits | None = None) -> tuple[Any, Any]:  # fmt: skip
+    """(persist, snapshot) efficiency of a row against the run's ceilings, or None.
+
+    Persist: bytes / persist_s (total_s for the synchronous engines) over the ceiling of the
+    engine's write (`traits.write_ceiling()`: O_DIRECT, or buffered for page-cache paths).
+    Snapshot: bytes / stall_s of an engine whose stall is a snapshot out of device memory over
+    the copy ceiling (device-to-host on CUDA).
+    """
+    if not ceilings or not row.get("total_s"):
+        return None, None
+    tr = traits or REGISTRY[row["engine"]].traits
+    c = ceilings["per_ssd_count"].get(str(row["n_targets"]))
+    key = f"{tr.write_ceiling()}_Bps"
+    persist = None
+    if c and key in c:
+        t = row["persist_s"] if row["persist_s"] and row["persist_s"] > 0 else row["total_s"]
+        persist = round(row["total_bytes"] / t / c[key], 4)
+    snapshot = None
+    copy = ceilings.get("d2h_Bps") or ceilings.get("copy_Bps")
+    if tr.stall == "snapshot" and not tr.baseline and copy and row["stall_s"]:
+        snapshot = round(row["total_bytes"] / row["stall_s"] / copy, 4)
+    return persist, snapshot
+
+
+def tensor_stats(state: Any) -> tuple[int, int]:
+    """(number of tensors, their bytes) of a state."""
+    from bench.manifest import flatten
+
+    _, tensors = flatten(state)
+    return len(tensors), sum(t.numel() * t.element_size() for _, t in tensors)
+
+
+def new_row(cfg: Any, run_id: str, case_id: str, engine: str, eng: Any, device: Any, w: Any,
+            total: int, n_tensors: int, n_targets: int, warm: bool, rep: int,
+            cache_dropped: bool, capped: bool) -> dict[str, Any]:  # fmt: skip
+    """A result row with the case's identity filled and every measurement empty; a
+    single-process row (rank 0 of 1 on this host)."""
+    opts = getattr(eng, "options", None)
+    return {
+        "run_id": run_id, "case_id": case_id, "engine": engine,
+        "device": device.kind, "emulated": device.emulated, "gds_mode": "none",
+        "workload": w.id, "total_bytes": total, "tensor_bytes": w.tensor_bytes,
+        "n_tensors": n_tensors, "n_targets": n_targets, "targets_used": 0, "rep": rep,
+        "warmup": warm, "stall_s": None, "persist_s": None, "total_s": None,
+        "restore_s": None, "hash_s": None, "wait_prev_s": None, "pinned_bytes": None,
+        "page_cache_peak_bytes": None, "rss_peak_bytes": None, "cpu_user_s": None,
+        "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
+        "cache_dropped": cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
+        "options": json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}",
+        "capped": capped, "persist_efficiency": None, "snapshot_efficiency": None,
+        "verified": False, "error": "",
+        "rank": 0, "world_size": 1, "node": socket.gethostname(), "node_rank": 0,
+        "aggregate": False, "ranks_active": 1, "target_map": "",
+        "io_detail": "", "restore_mode": "",
+    }  # fmt: skip
+
+
+def save_phase(row: dict[str, Any], eng: Any, state: Any, name: str,
+               ceilings: dict[str, Any] | None, after_save: Any = None) -> None:  # fmt: skip
+    """Save `state` as `name` and wait until durable, sampling memory; fills the row's save
+    columns. `after_save()`, if given, runs between save() returning and the wait (a hook for
+    fault injection). Raises what the save raised."""
+    sampler = measure.Sampler()
+    sampler.start()
+    try:
+        pending = eng.save(state, name)
+        if after_save is not None:
+            after_save()
+        res = pending.wait()
+    finally:
+        sample = sampler.stop()
+    row.update(
+        gds_mode=res.gds_mode, targets_used=res.targets_used, stall_s=res.stall_s,
+        persist_s=res.persist_s, total_s=res.total_s, hash_s=res.hash_s,
+        wait_prev_s=res.wait_prev_s, pinned_bytes=eng.pinned_bytes,
+        checksums=res.checksums, staging_grew=res.staging_grew,
+        copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
+        io_detail=json.dumps(res.extra, sort_keys=True) if res.extra else "",
+    )  # fmt: skip
+    row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
+
+
+def restore_phase(row: dict[str, Any], eng: Any, engine: str, state: Any, name: str,
+                  device: Any, check: bool, load: Any = None) -> None:  # fmt: skip
+    """Evict the checkpoint's pages, restore it (timed) and, if `check`, compare it with the
+    source byte for byte; fills restore_s, verified and (on a difference) error. `load(name,
+    device)` replaces `eng.load` (bench.distributed checks the world size first)."""
+    measure.evict_files(eng.cached_files(name))
+    t0 = measure.now_ns()
+    loaded = (load or eng.load)(name, device=str(device.torch_device))
+    device.synchronize()
+    row["restore_s"] = (measure.now_ns() - t0) / 1e9
+    row["restore_mode"] = getattr(eng, "restore_mode", "host")
+    if check:
+        loose = REGISTRY[engine].traits.loose_keys
+        compare = verify.first_tensor_difference if loose else verify.first_difference
+        diff = compare(state, loaded)
+        row["verified"] = diff is None
+        if diff:
+            row["error"] = f"restored state differs at {diff}"
+    del loaded
+
+
+def error_text(e: BaseException) -> str:
+    """An exception as one line for the row's error column."""
+    return f"{type(e).__name__}: {e}".replace("\n", " ")
+
+
+def delete_checkpoint(eng: Any, name: str, log: Any) -> None:
+    """Remove checkpoint `name`; a failure is logged, never raised."""
+    try:
+        eng.delete(name)
+    except OSError as e:
+        log(f"could not delete checkpoint {name}: {e}")
+
+
+# --- multi-rank repetitions: a rank's failure fails all; the aggregate row ---------------
+
+
+def _num(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) is not None]
+
+
+def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The aggregate row of one repetition from its per-rank rows (at least one).
+
+    stall_s, total_s, restore_s, hash_s, wait_prev_s: the maximum over ranks (the job waits for
+    its slowest rank); persist_s = total_s - stall_s; bytes, tensors, targets used, pinned and
+    resident memory, CPU time: sums; page-cache growth: per node the maximum over its ranks (each
+    rank samples its whole host), summed over nodes; verified: every rank verified; error: the
+    error of the rank it failed on, prefixed with that rank; efficiencies against the run's
+    ceilings (measured by one process) as for a single-process row.
+    """
+    first = rows[0]
+    out = {c: first.get(c) for c in results.COLUMNS}
+
+    def top(key: str) -> float | None:
+        v = _num(rows, key)
+        return max(v) if len(v) == len(rows) else None
+
+    def total(key: str) -> float | None:
+        v = _num(rows, key)
+        return sum(v) if len(v) == len(rows) else None
+
+    out.update(
+        total_bytes=sum(int(r["total_bytes"]) for r in rows),
+        n_tensors=sum(int(r["n_tensors"]) for r in rows),
+        targets_used=sum(int(r["targets_used"] or 0) for r in rows),
+        stall_s=top("stall_s"), total_s=top("total_s"), restore_s=top("restore_s"),
+        hash_s=top("hash_s"), wait_prev_s=top("wait_prev_s"),
+        pinned_bytes=total("pinned_bytes"), rss_peak_bytes=total("rss_peak_bytes"),
+        cpu_user_s=total("cpu_user_s"), cpu_sys_s=total("cpu_sys_s"),
+        copied_tensors=sum(int(r["copied_tensors"] or 0) for r in rows),
+        checksums=all(bool(r["checksums"]) for r in rows),
+        staging_grew=any(bool(r["staging_grew"]) for r in rows),
+        cache_dropped=all(bool(r["cache_dropped"]) for r in rows),
+        capped=any(bool(r["capped"]) for r in rows),
+        persist_efficiency=None, snapshot_efficiency=None,
+        verified=all(bool(r["verified"]) for r in rows),
+        rank=-1, node="", node_rank=-1, aggregate=True,
+    )  # fmt: skip
+    out["persist_s"] = (
+        out["total_s"] - out["stall_s"]
+        if out["total_s"] is not None and out["stall_s"] is not None
+        else None
+    )
+    per_node: dict[Any, float] = {}
+    for r in rows:
+        if r.get("page_cache_peak_bytes") is not None:
+            key = r["node_rank"]
+            per_node[key] = max(per_node.get(key, 0), float(r["page_cache_peak_bytes"]))
+    out["page_cache_peak_bytes"] = int(sum(per_node.values())) if per_node else None
+    if out["total_s"] is not None and out["stall_s"] is not None:
+        out["persist_efficiency"], out["snapshot_efficiency"] = efficiency(out, ceilings)
+    # The rank where it failed, not the ranks that failed with it (see fail_together).
+    bad = next((r for r in rows if r["error"] and not r["error"].startswith(FOLLOWED)), None)
+    bad = bad or next((r for r in rows if r["error"]), None)
+    out["error"] = f"rank {bad['rank']}: {bad['error']}" if bad else ""
+    return out
+
+
+FOLLOWED = "failed on rank "  # the error of a row whose repetition failed on another rank
+
+
+def fail_together(rows: list[dict[str, Any]], check: bool) -> dict[str, Any] | None:
+    """A repetition that failed on one rank fails on all: every other row's error names the
+    first failing rank. Returns that rank's row (None when all succeeded)."""
+    bad = next((r for r in rows if r["error"] or (check and not r["verified"])), None)
+    if bad is None:
+        return None
+    why = bad["error"] or "restored state differs from the source"
+    bad["error"] = why
+    for r in rows:
+        if not r["error"]:
+            r["error"] = f"{FOLLOWED}{bad['rank']}: {why}"
+    return bad

@@ -1,0 +1,373 @@
+"""A sweep: config -> cases -> engine saves -> rows in results/<run-id>/, on one rank alone or on
+every rank of a torchrun job, through one case loop on the run core (bench.core).
+
+For each group of targets (bench.plan: SSD count; under torchrun also the mapping of ranks to
+targets and how many ranks checkpoint at once), for each workload: build the state (a rank's
+shard of it under torchrun), warm every engine for it outside the timed region, drop the page
+cache (root), then run the repetitions with the engines alternating, warm-ups first and flagged.
+Each repetition: every rank passes a barrier, the active ones save and wait until durable, pass a
+second barrier, evict the checkpoint's pages, restore, compare with the source byte for byte, and
+delete it; the rows are gathered to rank 0, which writes them (plus, under torchrun, one
+aggregate row) and flushes them to disk before the next save. With one process the barriers and
+the gather do nothing (bench.core.LocalWorld).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+from bench import ceiling, measure, plan, results, rows
+from bench import config as config_mod
+from bench import distributed as dist
+from bench import env as env_mod
+from bench.core import Core
+from bench.engines import REGISTRY
+from bench.errors import UserError
+
+
+class Sweep:
+    """Runs one sweep config as this rank: rank 0 of 1, or one rank of a torchrun job
+    (`world` from bench.distributed, `ranked`: per-rank and aggregate rows)."""
+
+    def __init__(self, cfg: config_mod.Config, device: Any, out_root: str, *,
+                 world: Any = None, ranked: bool = False, quiet: bool = False,
+                 resume: str | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.device = device
+        self.core = Core(cfg, device, out_root, world=world, quiet=quiet, resume=resume)
+        self.world = self.core.world
+        self.ranked = ranked
+        self.spec = cfg.ranks or config_mod.RanksSpec(nproc=self.world.size)
+        self.faults = dist.faults() if ranked else {}
+        self.saves = 0  # saves this rank took part in (fault injection counts them)
+        self.ceilings: dict[str, Any] | None = None
+        self.cache_dropped = False
+        self.done: set[tuple[str, bool, int]] = set()
+
+    # shortcuts for the CLI and tests
+    @property
+    def run_dir(self) -> str | None:
+        return self.core.run_dir
+
+    @property
+    def run_id(self) -> str:
+        return self.core.run_id
+
+    @property
+    def failures(self) -> int:
+        return self.core.failures
+
+    @property
+    def notes(self) -> list[str]:
+        return self.core.notes
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def run(self) -> str:
+        cfg, w, core = self.cfg, self.world, self.core
+        self.targets = cfg.resolved_targets()
+        wls = plan.workloads(cfg)
+        if self.ranked:
+            w.barrier("the start")
+            dist.same_config(cfg, w)
+            me = {"rank": w.rank, "local_rank": w.local_rank, "node_rank": w.node_rank,
+                  "host": w.host, "pid": os.getpid(), "device": str(self.device.torch_device)}  # fmt: skip
+            self.table = w.all_gather(me, "the rank table")
+            self.groups, self.layout, skipped = dist.plan_groups(cfg, self.spec, w.size, self.table)
+            self.skipped_groups = skipped
+            for s in skipped:
+                core.note(s)
+        else:
+            self.groups = plan.local_groups(cfg)
+            self.layout = {g.key: [(list(range(g.n)), False)] for g in self.groups}
+        self.engines = core.runnable(cfg.engines)
+        w.agree("the target check", lambda: self._check_targets(wls))
+        paths = {g.key: got[0] for g in self.groups if (got := self.my_targets(g))}
+        paths_all = w.all_gather(paths, "the target check")
+        head = w.agree("the run directory", self._open if w.rank == 0 else lambda: None)
+        head = w.all_gather(head, "the run directory")[0]
+        core.run_id, core.run_dir = head["run_id"], head["run_dir"]
+        self.done = {tuple(x) for x in head["done"]}
+        self._environment(wls, paths_all)
+        if w.rank == 0:
+            core.open_writers({"results.csv": results.COLUMNS})
+        per_wl = sum(len(plan.engines_at(cfg, self.engines, g.n)) for g in self.groups)
+        n_saves = per_wl * len(wls) * (cfg.warmups + cfg.repetitions)
+        if self.ranked:
+            core.log(f"run {core.run_id}: {w.size} ranks, {n_saves} checkpoints (each by up to "
+                     f"{max(g.k for g in self.groups)} ranks at once) on {self.device.kind}; "
+                     f"results in {core.run_dir}")  # fmt: skip
+        else:
+            core.log(f"run {core.run_id}: {n_saves} saves on {self.device.kind}; results in "
+                     f"{core.run_dir}" + (f" ({len(self.done)} already recorded)" if self.done
+                                          else ""))  # fmt: skip
+        core.progress(n_saves, "ckpt" if self.ranked else "save", len(self.done))
+        try:
+            for g in self.groups:
+                self._run_group(g, wls)
+        finally:
+            core.close()
+        return core.run_dir or ""
+
+    def my_targets(self, g: plan.Group) -> tuple[list[str], list[int]] | None:
+        """This rank's target directories for group g and their indices in the config's
+        targets (None: it does not checkpoint in this group)."""
+        if self.world.rank >= g.k:
+            return None
+        idx, sub = self.layout[g.key][self.world.rank]
+        paths = [self.targets[i] for i in idx]
+        if sub:
+            paths = [os.path.join(p, f"rank-{self.world.rank}") for p in paths]
+        return paths, idx
+
+    def _check_targets(self, wls: list[plan.Workload]) -> None:
+        """This rank's preflight: its targets (and subfolders) exist, are writable and take
+        O_DIRECT where needed; the first rank of each node checks their free space."""
+        cfg = self.cfg
+        if not cfg.targets:
+            for t in self.targets:
+                os.makedirs(t, exist_ok=True)
+        mine: list[str] = []
+        for g in self.groups:
+            got = self.my_targets(g)
+            if got is None:
+                continue
+            if self.layout[g.key][self.world.rank][1]:
+                for p in got[0]:
+                    os.makedirs(p, exist_ok=True)
+            mine += [p for p in got[0] if p not in mine]
+        if self.world.local_rank == 0:
+            first = self.targets[: max(cfg.ssd_counts)]
+            self.core.check_dirs(first, self.engines)
+            scale = max(g.k for g in self.groups) if self.spec.shard == "per_rank" else 1
+            plan.check_space(cfg, self.targets, wls, self.engines, scale)
+        self.core.check_dirs(mine, self.engines)
+
+    def _open(self) -> dict[str, Any]:
+        """Rank 0: a new run directory (or the one to resume) and the rows it holds."""
+        core = self.core
+        if self.ranked and core.resume:
+            dist.check_resume_world(core.resume, self.world.size)
+        core.open(config_mod.resolved(self.cfg), self.targets[: max(self.cfg.ssd_counts)],
+                  self.engines)  # fmt: skip
+        done: list[tuple[str, bool, int]] = []
+        if core.resume:
+            rows_ = results.read_rows(core.run_dir)
+            if self.ranked and "aggregate" in rows_:
+                rows_ = rows_[rows_["aggregate"].astype(str).str.lower() == "true"]
+            done = [(str(r.case_id), bool(r.warmup), int(r.rep)) for r in rows_.itertuples()]
+            core.note(f"resumed with {len(done)} rows already recorded")
+        return {"run_id": core.run_id, "run_dir": core.run_dir, "done": done}
+
+    def _environment(self, wls: list[plan.Workload], paths_all: list[Any]) -> None:
+        """Page cache, notes, ceilings and env.json (with the ranks block under torchrun)."""
+        cfg, w, core = self.cfg, self.world, self.core
+        node_env = w.agree(
+            "the environment",
+            lambda: {"storage": env_mod.targets_info(self.targets[: max(cfg.ssd_counts)]),
+                     "cache_drop": measure.drop_page_cache()} if w.local_rank == 0 else None,
+        )  # fmt: skip
+        nodes = w.all_gather(node_env, "the environment")
+        drops = {(self.table[r]["node_rank"] if self.ranked else 0): n["cache_drop"]
+                 for r, n in enumerate(nodes) if n}  # fmt: skip
+        self.cache_dropped = drops.get(w.node_rank) is None
+        for node, why in sorted(drops.items()):
+            if why:
+                where = f"node {node}: " if self.ranked else ""
+                core.note(f"{where}page cache not dropped between cases: {why}")
+                core.warn(f"warning: {why}")
+        if self.ranked and w.size != self.spec.nproc:
+            core.note(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
+        envb = core.env
+        if w.rank == 0:
+            if envb["storage"]["shared_device"]:
+                core.note(
+                    "all targets share one device: SSD-count scaling on this run is not real "
+                    "scaling"
+                )
+            if envb.get("vm", {}).get("memory_balloon"):
+                core.note(
+                    "a VM with a memory balloon: memory touched afresh (new page-cache pages) may "
+                    "pay a host fault per page, which slows the buffered paths (cpu-double, "
+                    "baselines)"
+                )
+        measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
+        ceil = w.agree("the ceilings",
+                       (lambda: self._ceilings(wls)) if measure_now else (lambda: None),
+                       timeout_s=dist.SETUP_TIMEOUT_S)  # fmt: skip
+        if w.rank == 0:
+            if ceil is not None:
+                envb["ceilings"] = ceil
+                envb.pop("ceilings_error", None)
+            ceil = envb.get("ceilings")  # measured now, or by the run resumed
+        self.ceilings = w.all_gather(ceil, "the ceilings")[0]
+        if w.rank == 0:
+            if self.ranked:
+                envb["ranks"] = dist.ranks_block(self, nodes, paths_all)
+            core.write_env()
+
+    def _ceilings(self, wls: list[plan.Workload]) -> dict[str, Any] | None:
+        """The device ceilings for this sweep (bench.ceiling); when a probe cannot finish (a full
+        disk, fio failing) None: a ceiling is a reference, not the benchmark, so that is said
+        loudly in the notes and the engines still run, without efficiency columns."""
+        cfg, core = self.cfg, self.core
+        try:
+            spec = cfg.ceilings
+            if spec.tool == "fio" and not ceiling.fio_version():
+                raise UserError(
+                    "ceilings.tool: fio is not installed (apt-get install fio, or use auto)"
+                )
+            largest = max((w.total_bytes for w in wls if w.kind == "synthetic"), default=1 << 30)
+            opts = config_mod.resolved(cfg)["engine_options"]
+            block = next((o["chunk_bytes"] for o in opts.values() if "chunk_bytes" in o), 16 << 20)
+            tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
+            core.log(f"measuring device ceilings (storage with {tool}, memory copy)")
+            drop = measure.drop_page_cache if self.cache_dropped else None
+            out = ceiling.measure(self.targets, cfg.ssd_counts, largest, block, spec.queue_depth,
+                                  self.device, use_fio=spec.tool != "builtin", drop=drop,
+                                  caps=cfg.target_caps(), repetitions=spec.repetitions)  # fmt: skip
+            if drop:
+                drop()
+            return out
+        except (OSError, RuntimeError, ValueError) as e:
+            why = " ".join(str(e).split())[:300]
+            core.env["ceilings_error"] = why
+            core.note(f"device ceilings not measured: {why}")
+            core.warn(f"warning: device ceilings not measured ({why}); no efficiency columns")
+            return None
+
+    # -- cases ---------------------------------------------------------------------------------
+
+    def _run_group(self, g: plan.Group, wls: list[plan.Workload]) -> None:
+        cfg, w = self.cfg, self.world
+        names = plan.engines_at(cfg, self.engines, g.n)
+        mine = self.my_targets(g)
+        caps = cfg.target_caps()
+
+        def make() -> dict[str, Any]:
+            if mine is None:
+                return {}
+            paths, idx = mine
+            return {e: self.core.create(e, paths, [caps[i] for i in idx]) for e in names}
+
+        engines = w.agree(f"the engines of {g.key}", make)
+        try:
+            for wl in wls:
+                todo = [(i, e) for i in range(cfg.warmups + cfg.repetitions) for e in names
+                        if plan.case_key(wl, g, e, i, cfg.warmups) not in self.done]  # fmt: skip
+                if not todo:
+                    continue
+                if self.core.bar is not None:
+                    self.core.bar.set_description(f"{wl.id} {g.key}")
+                state = w.agree(f"the state of {wl.id}", lambda wl=wl: self._build(wl, g, engines))
+                if self.cache_dropped and w.local_rank == 0:
+                    measure.drop_page_cache()
+                for i, e in todo:
+                    self._case(g, wl, e, engines.get(e), state, i)
+                del state
+        finally:
+            for eng in engines.values():
+                eng.close()
+
+    def _build(self, wl: plan.Workload, g: plan.Group, engines: dict[str, Any]) -> Any:
+        """This rank's state (its shard under torchrun) on its device, engines warmed (None:
+        not active in this group)."""
+        if self.world.rank >= g.k:
+            return None
+        if self.ranked:
+            state = dist.build_shard(self, wl, g)
+        else:
+            state = wl.build(self.cfg, self.device.torch_device)
+        for eng in engines.values():
+            eng.warm(state)
+        return state
+
+    def _case(self, g: plan.Group, wl: plan.Workload, engine: str, eng: Any, state: Any,
+              i: int) -> None:  # fmt: skip
+        """One repetition on every rank: aligned save, aligned restore, rows to rank 0."""
+        cfg, w, core = self.cfg, self.world, self.core
+        key = plan.case_key(wl, g, engine, i, cfg.warmups)
+        case_id, warm, rep = key
+        base = plan.checkpoint_name(core.run_id, key)
+        name = dist.shard_name(base, w.rank, g.k) if self.ranked else base
+        row = None
+        if eng is not None:
+            mine = self.my_targets(g)
+            assert mine is not None
+            caps = cfg.target_caps()
+            capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
+            n_tensors, total = rows.tensor_stats(state)
+            row = rows.new_row(cfg, core.run_id, case_id, engine, eng, self.device, wl, total,
+                               n_tensors, g.n, warm, rep, self.cache_dropped, capped)  # fmt: skip
+            if self.ranked:
+                row.update(tensor_bytes=min(wl.tensor_bytes, total), rank=w.rank,
+                           world_size=w.size, node=w.host, node_rank=w.node_rank,
+                           ranks_active=g.k, target_map=g.label)  # fmt: skip
+        where = f"{case_id} {'warm-up' if warm else 'rep'} {rep}"
+        try:
+            w.barrier(f"the save of {where}")
+            if row is not None:
+                self._save(row, eng, state, name, g)
+            w.barrier(f"the restore of {where}")
+            if row is not None and not row["error"]:
+                self._restore(row, eng, engine, state, name, base, g)
+            w.barrier(f"the rows of {where}")
+            got = [r for r in w.all_gather(row, f"the rows of {where}") if r is not None]
+        except dist.RankLost as lost:
+            if row is not None:
+                rows.delete_checkpoint(eng, name, core.warn)
+            if w.rank == 0:
+                dist.write_lost(self, row, lost, g, wl, engine, key)
+            raise
+        except KeyboardInterrupt:
+            if row is not None:  # the case in flight leaves nothing behind
+                rows.delete_checkpoint(eng, name, core.warn)
+            raise
+        if row is not None:
+            rows.delete_checkpoint(eng, name, core.warn)
+        if core.bar is not None:
+            core.bar.update(1)
+        bad = rows.fail_together(got, cfg.verify)
+        core.write(got)
+        if self.ranked:
+            core.write([rows.aggregate(got, self.ceilings)])
+        if bad is not None:
+            on = f" on rank {bad['rank']}" if self.ranked else ""
+            core.failed(f"case {case_id} rep {rep}{on}", bad["error"], case_id if not self.ranked
+                        else f"{case_id}, rank {bad['rank']}")  # fmt: skip
+
+    def _save(self, row: dict[str, Any], eng: Any, state: Any, name: str, g: plan.Group) -> None:
+        fault = self.faults.get((self.world.rank, self.saves))
+        try:
+            hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
+            rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook)
+            if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
+                row["persist_efficiency"] = row["snapshot_efficiency"] = None
+        except Exception as e:  # reported on every rank (fail_together)
+            row["error"] = rows.error_text(e)
+            if not isinstance(e, UserError | OSError):
+                self.core.warn(traceback.format_exc())
+        self.saves += 1
+
+    def _restore(self, row: dict[str, Any], eng: Any, engine: str, state: Any, name: str,
+                 base: str, g: plan.Group) -> None:  # fmt: skip
+        w = self.world
+        load = (lambda n, device: dist.load_shard(eng, base, w.rank, g.k, device)) \
+            if self.ranked else None  # fmt: skip
+        try:
+            rows.restore_phase(row, eng, engine, state, name, self.device, self.cfg.verify,
+                               load=load)  # fmt: skip
+        except Exception as e:
+            row["error"] = rows.error_text(e)
+            if not isinstance(e, UserError | OSError):
+                self.core.warn(traceback.format_exc())
+
+
+def summary_lines(run_dir: str, notes: list[str]) -> list[str]:
+    """The terminal summary of a sweep: the report's own table (analysis.stats), the ceilings,
+    and the notes, so that `run` and `report` never disagree."""
+    from analysis import summary
+
+    return summary.terminal(run_dir, notes)

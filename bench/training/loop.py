@@ -1,0 +1,305 @@
+"""Stall in a real training loop: a small transformer trained with AdamW on synthetic tokens,
+checkpointed every k steps through each engine while it trains (`ckptbench train CONFIG`).
+
+What training feels is the step-time inflation: the wall time of every step (forward, backward,
+optimizer step, and the checkpoint call when there is one) against the same loop without
+checkpoints (`none`). It holds the engine's stall_s plus what the background persist costs the
+steps that run beside it (the GIL, memory bandwidth, CPU time of the writer threads).
+
+Per engine (`none` first, then the engines in the config's order), with the same seed, model
+and data every time: `warmup_steps` untimed steps (so AdamW's state exists and caches are warm),
+`eng.warm(state)`, `warmup_checkpoints` flagged saves (waited for), then `steps` timed steps with
+a save at the end of every step whose index is a multiple of `checkpoint_every` (step 0 first,
+so each checkpoint is followed by the steps that overlap its persist). A save that finds the
+previous one still persisting waits for it (counted in its stall, as training would). The
+previous checkpoint is deleted once the next is durable, between steps and untimed; the last one
+is restored and compared bit for bit with a clone of the state taken just before its save.
+
+Writes `training_steps.csv` (one row per timed step), `training_checkpoints.csv` (one row per
+save, warm-ups flagged) and `env.json` into results/<run-id>/. The summary (inflation per
+checkpoint, contention during persist) is derived in analysis/training.py.
+
+A kind of run on the run core (bench.core), beside bench/sweep.py: the core owns the run
+directory, env.json, preflight, engine creation and the row writers; this module the loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench import devices, measure, results, verify
+from bench.core import Core
+from bench.errors import UserError
+from bench.training.config import NONE, TrainingConfig, param_count, resolved, state_bytes
+from bench.training.model import Trainer, clone_state
+
+STEP_COLUMNS = [
+    "run_id", "engine", "device", "emulated", "gds_mode", "step", "step_s", "compute_s",
+    "save_call_s", "checkpoint", "stall_s", "during_persist", "persist_of_step", "t_start_s",
+    "t_end_s", "loss",
+]  # fmt: skip
+CKPT_COLUMNS = [
+    "run_id", "engine", "device", "emulated", "gds_mode", "step", "warmup", "name", "bytes",
+    "stall_s", "persist_s", "total_s", "wait_prev_s", "hash_s", "pinned_bytes", "save_call_s",
+    "overlap_steps", "t_save_s", "t_return_s", "t_durable_s", "verified", "error",
+]  # fmt: skip
+STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
+
+
+OnSave = Callable[[str, int, Any], None]
+
+
+@dataclass
+class _Pending:
+    """A timed save: its step, name, the engine's PendingSave, and when save() returned."""
+
+    step: int
+    name: str
+    pending: Any
+    save_call_s: float
+    t_save_ns: int
+    t_return_ns: int
+
+
+class TrainingRun:
+    """Runs one config on the run core: every engine in turn, rows into the run directory."""
+
+    def __init__(self, cfg: TrainingConfig, out_root: str, quiet: bool = False,
+                 on_save: OnSave | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.out_root = out_root
+        self.quiet = quiet
+        self.on_save = on_save  # called with (engine, step, state) just before each timed save
+        self.failures: list[str] = []
+        self.core: Core | None = None
+
+    @property
+    def run_dir(self) -> str | None:
+        return self.core.run_dir if self.core else None
+
+    @property
+    def run_id(self) -> str:
+        return self.core.run_id if self.core else ""
+
+    @property
+    def notes(self) -> list[str]:
+        return self.core.notes if self.core else []
+
+    def log(self, msg: str) -> None:
+        if self.core is not None:
+            self.core.log(msg)
+
+    def _failed(self, engine: str, why: str) -> None:
+        self.failures.append(f"{engine}: {why}")
+        assert self.core is not None
+        self.core.failed(f"{engine}: failed", why, engine)
+
+    def _space(self, targets: list[str]) -> None:
+        """The previous checkpoint stays until the next is durable: two at once, plus slack."""
+        need = 2 * state_bytes(self.cfg.model) + (64 << 20)
+        for t in targets:
+            if shutil.disk_usage(t).free < need:
+                raise UserError(f"target {t}: less than {need >> 20} MiB free for two checkpoints")
+
+    def run(self) -> str:
+        cfg = self.cfg
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        self.device = devices.detect(cfg.device)
+        core = self.core = Core(cfg, self.device, self.out_root, quiet=self.quiet)
+        targets = cfg.resolved_targets()
+        if not cfg.targets:
+            for t in targets:
+                os.makedirs(t, exist_ok=True)
+        runnable = core.runnable([e for e in cfg.engines if e != NONE])
+        engines = [e for e in cfg.engines if e == NONE or e in runnable]
+        core.check_dirs(targets, runnable)
+        self._space(targets)
+        core.open(resolved(cfg), targets, runnable)
+        core.env["training"] = {"params": param_count(cfg.model),
+                                "state_bytes": state_bytes(cfg.model),
+                                "torch_threads": torch.get_num_threads()}  # fmt: skip
+        if core.env["storage"]["shared_device"]:
+            core.note("all targets share one device")
+        drop = measure.drop_page_cache()
+        if drop:
+            core.note(f"page cache not dropped between engines: {drop}")
+        core.write_env()
+        core.open_writers({STEPS_CSV: STEP_COLUMNS, CKPTS_CSV: CKPT_COLUMNS})
+        per = cfg.warmup_steps + cfg.steps
+        core.log(f"training run {core.run_id}: {len(engines)} engine(s) x {cfg.steps} steps "
+                 f"on {self.device.kind}, checkpoint every {cfg.checkpoint_every} "
+                 f"({state_bytes(cfg.model) / 1e6:.0f} MB); results in {core.run_dir}")  # fmt: skip
+        core.progress(per * len(engines), "step")
+        self.bar = core.bar
+        try:
+            for e in engines:
+                self.bar.set_description(e)
+                self._engine(e, targets)
+        finally:
+            core.close()
+        return core.run_dir or ""
+
+    def _row(self, engine: str, gds_mode: str) -> dict[str, Any]:
+        return {"run_id": self.run_id, "engine": engine, "device": self.device.kind,
+                "emulated": self.device.emulated, "gds_mode": gds_mode}  # fmt: skip
+
+    def _engine(self, engine: str, targets: list[str]) -> None:
+        """Train from the same seed with one engine (or none); write its rows."""
+        cfg = self.cfg
+        os.sync()  # earlier engines' writeback must not land in this one's steps
+        measure.drop_page_cache()
+        gc.collect()
+        tr = Trainer(cfg, self.device.torch_device)
+        eng = None if engine == NONE else self.core.create(engine, targets)
+        prefix = f"ckptbench-{self.run_id}-train-{engine}"
+        self._made: list[str] = []  # checkpoints of this engine still on the targets
+        step_rows: list[dict[str, Any]] = []
+        ckpt_rows: list[dict[str, Any]] = []
+        try:
+            for _ in range(cfg.warmup_steps):
+                tr.step()
+                self.bar.update()
+            self.device.synchronize()
+            if eng is not None:
+                state = tr.state()
+                eng.warm(state)
+                for i in range(cfg.warmup_checkpoints):
+                    name = f"{prefix}-warmup{i}"
+                    t0 = time.perf_counter_ns()
+                    p = eng.save(tr.state(), name)
+                    t1 = time.perf_counter_ns()
+                    self._made.append(name)
+                    res = p.wait()
+                    ckpt_rows.append(self._ckpt_row(engine, -1, True, name, p, res,
+                                                    (t1 - t0) / 1e9, t1, t0))  # fmt: skip
+                    self._delete(eng, name)
+            step_rows, timed = self._loop(engine, tr, eng, prefix)
+            ckpt_rows += timed
+        except Exception as e:  # noqa: BLE001 - one engine's failure must not lose the others
+            msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+            self._failed(engine, msg)
+            row = self._row(engine, "none") | {"step": -1, "warmup": False, "error": msg}
+            ckpt_rows.append({c: row.get(c, "") for c in CKPT_COLUMNS})
+            step_rows = []
+        finally:
+            if eng is not None:
+                for name in list(self._made):  # an error or Ctrl-C left them
+                    try:
+                        self._delete(eng, name)
+                    except Exception as e:  # noqa: BLE001 - cleanup must not mask the cause
+                        self.log(f"could not delete checkpoint {name}: {e}")
+                eng.close()
+        self.core.write(step_rows, STEPS_CSV)
+        self.core.write(ckpt_rows, CKPTS_CSV)
+
+    def _loop(self, engine: str, tr: Trainer, eng: Any,
+              prefix: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+        """The timed steps; returns (step rows, checkpoint rows)."""
+        cfg = self.cfg
+        sync = self.device.synchronize
+        every = cfg.checkpoint_every
+        last_ckpt = cfg.checkpoint_steps()[-1]
+        saves: list[_Pending] = []
+        live: list[_Pending] = []  # checkpoints still on the targets
+        expected: Any = None  # clone of the state the last checkpoint saved
+        steps: list[dict[str, Any]] = []
+        gds_mode = "none"
+        t_loop = time.perf_counter_ns()
+        for s in range(cfg.steps):
+            # Untimed, between steps: once the newest save is durable, delete the older ones (a
+            # striped engine's delete() would wait for a save still persisting).
+            if len(live) > 1 and live[-1].pending.done():
+                for sv in live[:-1]:
+                    sv.pending.wait()  # re-raises a persist error here
+                    self._delete(eng, sv.name)
+                live = live[-1:]
+            t0 = time.perf_counter_ns()
+            loss = tr.step()
+            sync()
+            t1 = time.perf_counter_ns()
+            save_call_s, t2 = 0.0, t1
+            ckpt = eng is not None and s % every == 0
+            if ckpt:
+                if s == last_ckpt and cfg.verify:
+                    expected = clone_state(tr.state())  # untimed: between t1 and t2
+                if self.on_save is not None:
+                    self.on_save(engine, s, tr.state())
+                name = f"{prefix}-step{s}"
+                t2 = time.perf_counter_ns()
+                self._made.append(name)
+                p = eng.save(tr.state(), name)
+                sync()
+                t3 = time.perf_counter_ns()
+                save_call_s = (t3 - t2) / 1e9
+                saves.append(_Pending(s, name, p, save_call_s, t2, t3))
+                live.append(saves[-1])
+                gds_mode = p.result.gds_mode
+            t_end = t2 + int(save_call_s * 1e9)
+            steps.append({
+                **self._row(engine, "none"), "step": s,
+                "step_s": (t1 - t0) / 1e9 + save_call_s, "compute_s": (t1 - t0) / 1e9,
+                "save_call_s": save_call_s if ckpt else "", "checkpoint": ckpt,
+                "stall_s": saves[-1].pending.result.stall_s if ckpt else "",
+                "t_start_s": (t0 - t_loop) / 1e9, "t_end_s": (t_end - t_loop) / 1e9,
+                "loss": loss,
+            })  # fmt: skip
+            self.bar.update()
+        ckpts = []
+        for sv in saves:
+            res = sv.pending.wait()
+            ckpts.append(self._ckpt_row(engine, sv.step, False, sv.name, sv.pending, res,
+                                        sv.save_call_s, sv.t_return_ns, t_loop))  # fmt: skip
+        # Which steps ran (at least partly) while a save persisted: they started after its
+        # save() returned and before it was durable. The checkpoint step itself is not one.
+        for r in steps:
+            r["gds_mode"] = gds_mode
+            r["during_persist"], r["persist_of_step"] = False, ""
+            for c in ckpts:
+                if c["t_return_s"] <= r["t_start_s"] < c["t_durable_s"] and r["step"] > c["step"]:
+                    r["during_persist"], r["persist_of_step"] = True, c["step"]
+                    c["overlap_steps"] += 1
+        if saves:
+            last = saves[-1]
+            if expected is not None:
+                loaded = eng.load(last.name, device=str(self.device.torch_device))
+                check = verify.first_tensor_difference if eng.traits.loose_keys \
+                    else verify.first_difference  # fmt: skip
+                diff = check(expected, loaded)
+                ckpts[-1]["verified"] = diff is None
+                if diff:
+                    ckpts[-1]["error"] = f"restored state differs at {diff}"
+                    self._failed(engine, f"step {last.step}: restored state differs")
+                del loaded, expected
+            for sv in live:
+                if sv is not last or not cfg.keep_last:
+                    self._delete(eng, sv.name)
+            if cfg.keep_last:
+                self._made.remove(last.name)
+        return steps, ckpts
+
+    def _delete(self, eng: Any, name: str) -> None:
+        eng.delete(name)
+        if name in self._made:
+            self._made.remove(name)
+
+    def _ckpt_row(self, engine: str, step: int, warmup: bool, name: str, pending: Any, res: Any,
+                  save_call_s: float, t_return_ns: int, t_loop_ns: int) -> dict[str, Any]:  # fmt: skip
+        """A checkpoint row; times relative to `t_loop_ns` (the start of the timed loop)."""
+        t_save = (pending.t0_ns - t_loop_ns) / 1e9  # when the engine's save() started timing
+        return {
+            **self._row(engine, res.gds_mode), "step": step, "warmup": warmup, "name": name,
+            "bytes": res.bytes, "stall_s": res.stall_s, "persist_s": res.persist_s,
+            "total_s": res.total_s, "wait_prev_s": res.wait_prev_s, "hash_s": res.hash_s,
+            "pinned_bytes": res.pinned_bytes, "save_call_s": save_call_s, "overlap_steps": 0,
+            "t_save_s": t_save, "t_return_s": (t_return_ns - t_loop_ns) / 1e9,
+            "t_durable_s": t_save + res.total_s, "verified": "", "error": "",
+        }  # fmt: skip

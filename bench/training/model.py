@@ -1,0 +1,76 @@
+"""The model a training run trains: a small GPT-like transformer with AdamW on a seeded token
+stream, and a deep copy of its state for verification."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.training.config import ModelConfig, TrainingConfig
+
+
+class TinyGPT(nn.Module):
+    """Token + position embeddings, `n_layers` pre-norm encoder layers under a causal mask, a
+    final norm and an untied output head: the state_dict of a real (small) language model."""
+
+    def __init__(self, m: ModelConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(m.vocab, m.d_model)
+        self.pos = nn.Embedding(m.seq_len, m.d_model)
+        layer = nn.TransformerEncoderLayer(m.d_model, m.n_heads, m.d_ff, dropout=0.0,
+                                           batch_first=True, norm_first=True)  # fmt: skip
+        self.blocks = nn.TransformerEncoder(layer, m.n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(m.d_model)
+        self.head = nn.Linear(m.d_model, m.vocab, bias=False)
+        self.register_buffer(
+            "mask", nn.Transformer.generate_square_subsequent_mask(m.seq_len), persistent=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        h = self.tok(x) + self.pos.weight[:n]
+        h = self.blocks(h, mask=self.mask[:n, :n], is_causal=True)
+        return self.head(self.norm(h))
+
+
+@dataclass
+class Trainer:
+    """Model, optimizer and a seeded token stream; `step()` is one training step."""
+
+    cfg: TrainingConfig
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        torch.manual_seed(self.cfg.seed)
+        self.model = TinyGPT(self.cfg.model).to(self.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr,
+                                     weight_decay=self.cfg.weight_decay)  # fmt: skip
+        self.gen = torch.Generator().manual_seed(self.cfg.seed + 1)
+
+    def batch(self) -> torch.Tensor:
+        m = self.cfg.model
+        x = torch.randint(0, m.vocab, (m.batch_size, m.seq_len + 1), generator=self.gen)
+        return x.to(self.device)
+
+    def step(self) -> float:
+        """Forward, backward, optimizer step; returns the loss."""
+        x = self.batch()
+        logits = self.model(x[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           x[:, 1:].reshape(-1))  # fmt: skip
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())  # waits for the device, like a training loop's logging
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
+
+
+def clone_state(state: Any) -> Any:
+    """A deep copy whose tensors no longer share memory with the model or optimizer."""
+    return copy.deepcopy(state)
