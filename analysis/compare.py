@@ -79,8 +79,10 @@ def _options(run: Run) -> dict[str, set[str]]:
 
 def _storage(run: Run) -> str:
     st = run.env.get("storage", {})
-    disks = [f"{t.get('fstype', '?')} on {t.get('block', {}).get('disk') or t.get('source', '?')}"
-             for t in st.get("targets", [])]  # fmt: skip
+    disks = [
+        f"{t.get('fstype', '?')} on {t.get('block', {}).get('disk') or t.get('source', '?')}"
+        for t in st.get("targets", [])
+    ]
     return ", ".join(dict.fromkeys(disks)) or "?"
 
 
@@ -139,8 +141,9 @@ def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> 
         refusals += essential_differences(a, b, "A", _letter(i))
         warns += other_differences(a, b, "A", _letter(i))
     if refusals and not force:
-        raise UserError("runs not comparable: " + "; ".join(refusals)
-                        + " (use --force to compare anyway)")  # fmt: skip
+        raise UserError(
+            "runs not comparable: " + "; ".join(refusals) + " (use --force to compare anyway)"
+        )
     col, _, higher = METRICS[metric]
     rows = []
     ga = {k: g for k, g in a.ok.groupby(CASE_KEY, sort=False)}
@@ -160,10 +163,21 @@ def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> 
             else:
                 verdict = f"{lb} worse"
             rec = dict(zip(CASE_KEY, key, strict=True))
-            rec.update(run=lb, mode_a=_mode(g), mode_b=_mode(gb), n_a=r.n_a, n_b=r.n_b,
-                       median_a=float(np.median(g[col])), median_b=float(np.median(gb[col])),
-                       ratio=r.ratio, ci_low=r.low, ci_high=r.high, p_value=r.p_value,
-                       significant=r.significant, verdict=verdict)  # fmt: skip
+            rec.update(
+                run=lb,
+                mode_a=_mode(g),
+                mode_b=_mode(gb),
+                n_a=r.n_a,
+                n_b=r.n_b,
+                median_a=float(np.median(g[col])),
+                median_b=float(np.median(gb[col])),
+                ratio=r.ratio,
+                ci_low=r.low,
+                ci_high=r.high,
+                p_value=r.p_value,
+                significant=r.significant,
+                verdict=verdict,
+            )
             rows.append(rec)
     if not rows:
         raise UserError("compare: the runs share no case (engine, workload, SSD count)")
@@ -177,20 +191,49 @@ def _mode(g: pd.DataFrame) -> str:
 
 def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     _, unit, _ = METRICS[c.metric]
-    headers = ["run", "engine", "workload", "SSDs", "mode A", "mode", "n A", "n",
-               f"A: {unit}", "run: same", "run / A", "95% CI", "p (Mann-Whitney)", "verdict"]  # fmt: skip
+    headers = [
+        "run",
+        "engine",
+        "workload",
+        "SSDs",
+        "mode A",
+        "mode",
+        "n A",
+        "n",
+        f"A: {unit}",
+        "run: same",
+        "run / A",
+        "95% CI",
+        "p (Mann-Whitney)",
+        "verdict",
+    ]
     rows = []
     for r in c.table.itertuples():
         ci = "-" if not np.isfinite(r.ci_low) else f"{r.ci_low:.3f}-{r.ci_high:.3f}"
-        rows.append([r.run, r.engine, r.workload, str(r.n_targets), r.mode_a, r.mode_b,
-                     str(r.n_a), str(r.n_b), stats.fmt(r.median_a), stats.fmt(r.median_b),
-                     f"{r.ratio:.3f}", ci, stats.fmt(r.p_value, 2), r.verdict])  # fmt: skip
+        rows.append(
+            [
+                r.run,
+                r.engine,
+                r.workload,
+                str(r.n_targets),
+                r.mode_a,
+                r.mode_b,
+                str(r.n_a),
+                str(r.n_b),
+                stats.fmt(r.median_a),
+                stats.fmt(r.median_b),
+                f"{r.ratio:.3f}",
+                ci,
+                stats.fmt(r.p_value, 2),
+                r.verdict,
+            ]
+        )
     return headers, rows
 
 
 def text(c: Comparison) -> str:
     """What the terminal shows."""
-    from analysis.model import text_table  # noqa: PLC0415 - one table formatter
+    from analysis.model import text_table  # one table formatter
 
     lines = [f"{_letter(i)} = {r.run_id} ({r.path})" for i, r in enumerate(c.runs)]
     if c.forced and c.refusals:
@@ -208,7 +251,7 @@ def text(c: Comparison) -> str:
 
 def write(c: Comparison, outdir: str) -> list[str]:
     """compare.md, compare.csv and compare_bandwidth.png/pdf into outdir."""
-    from analysis.report import Doc  # noqa: PLC0415 - report builds on compare's level
+    from analysis.report import Doc  # report builds on compare's level
 
     os.makedirs(outdir, exist_ok=True)
     col, unit, _ = METRICS[c.metric]
@@ -222,20 +265,27 @@ def write(c: Comparison, outdir: str) -> list[str]:
         for x in c.refusals:
             d.warn(f"NOT COMPARABLE (compared because of --force): {x}")
     if any(r.emulated for r in c.runs):
-        d.warn("Host-emulated rows (no GPU): host memory stands in for GPU memory; gds rows are "
-               "an O_DIRECT emulation. Not GPU numbers.")  # fmt: skip
+        d.warn(
+            "Host-emulated rows (no GPU): host memory stands in for GPU memory; gds rows are "
+            "an O_DIRECT emulation. Not GPU numbers."
+        )
     d.ul([f"{_letter(i)}: `{r.run_id}`, storage {_storage(r)}" for i, r in enumerate(c.runs)])
-    d.p(f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
+    d.p(
+        f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
         "percentile-bootstrap interval (scipy.stats.bootstrap, 4000 resamples) and a two-sided "
         "Mann-Whitney U p-value; 'not significant' unless the interval excludes 1 and p < "
         "0.05. With 3 repetitions a side p cannot fall below 0.1, so nothing is called "
-        "significant: run 5 or more repetitions to resolve differences.")  # fmt: skip
+        "significant: run 5 or more repetitions to resolve differences."
+    )
     d.table(*table_rows(c))
     if c.warnings:
         d.h(2, "Differences between the runs")
         d.ul(c.warnings)
-    d.img("compare_bandwidth.png", "Write bandwidth curves of each run (a) and the ratio per "
-          "shared case with its 95% interval (b).")  # fmt: skip
+    d.img(
+        "compare_bandwidth.png",
+        "Write bandwidth curves of each run (a) and the ratio per "
+        "shared case with its 95% interval (b).",
+    )
     md = os.path.join(outdir, "compare.md")
     with open(md, "w") as f:
         f.write(d.markdown())

@@ -42,16 +42,22 @@ def table(run: Run, prof: model.Profile | None) -> pd.DataFrame:
     if agg.empty:
         return pd.DataFrame()
     g = agg.groupby(KEY, sort=False)
-    out = g.agg(n=("rep", "size"), total_bytes=("total_bytes", "median"),
-                stall_s=("stall_s", "median"), stall_q25=("stall_s", lambda s: s.quantile(0.25)),
-                stall_q75=("stall_s", lambda s: s.quantile(0.75)), total_s=("total_s", "median"),
-                agg_GBps=("agg_GBps", "median"),
-                agg_q25=("agg_GBps", lambda s: s.quantile(0.25)),
-                agg_q75=("agg_GBps", lambda s: s.quantile(0.75)),
-                mode=("tag", lambda s: "/".join(sorted(set(s) - {""})))).reset_index()  # fmt: skip
+    out = g.agg(
+        n=("rep", "size"),
+        total_bytes=("total_bytes", "median"),
+        stall_s=("stall_s", "median"),
+        stall_q25=("stall_s", lambda s: s.quantile(0.25)),
+        stall_q75=("stall_s", lambda s: s.quantile(0.75)),
+        total_s=("total_s", "median"),
+        agg_GBps=("agg_GBps", "median"),
+        agg_q25=("agg_GBps", lambda s: s.quantile(0.25)),
+        agg_q75=("agg_GBps", lambda s: s.quantile(0.75)),
+        mode=("tag", lambda s: "/".join(sorted(set(s) - {""}))),
+    ).reset_index()
     share = _hosts_share(r[~r["aggregate"]])
-    out["g"] = [int(share.get(tuple(row[k] for k in KEY), row["ranks_active"]))
-                for _, row in out.iterrows()]  # fmt: skip
+    out["g"] = [
+        int(share.get(tuple(row[k] for k in KEY), row["ranks_active"])) for _, row in out.iterrows()
+    ]
     out["shard_bytes"] = out["total_bytes"] / out["ranks_active"]
     pred_stall, pred_bw = [], []
     for _, row in out.iterrows():
@@ -61,8 +67,15 @@ def table(run: Run, prof: model.Profile | None) -> pd.DataFrame:
             pred_bw.append(np.nan)
             continue
         mapping = "shared" if row["target_map"] == "shared" else "dedicated"
-        pr = model.predict_shared(prof, row["engine"], int(row["g"]), int(row["n_targets"]),
-                                  float(row["shard_bytes"]), mapping, traits)  # fmt: skip
+        pr = model.predict_shared(
+            prof,
+            row["engine"],
+            int(row["g"]),
+            int(row["n_targets"]),
+            float(row["shard_bytes"]),
+            mapping,
+            traits,
+        )
         pred_stall.append(pr.stall_s)
         pred_bw.append(row["total_bytes"] / pr.durable_s / GB)
     out["model_stall_s"] = pred_stall
@@ -94,8 +107,9 @@ def notes(t: pd.DataFrame) -> list[str]:
         parts = [f"1 rank {base:.2f} GB/s"] if base else []
         for _, r in grp[grp["ranks_active"] > 1].sort_values(["ranks_active"]).iterrows():
             rel = f" = {r['agg_GBps'] / base:.2f}x" if base else ""
-            parts.append(f"{int(r['ranks_active'])} ranks {r['target_map']} "
-                         f"{r['agg_GBps']:.2f} GB/s{rel}")  # fmt: skip
+            parts.append(
+                f"{int(r['ranks_active'])} ranks {r['target_map']} {r['agg_GBps']:.2f} GB/s{rel}"
+            )
         if len(parts) > 1:
             out.append(f"{e}, {wl}, {int(n)} SSD(s): " + "; ".join(parts))
     return out
@@ -103,16 +117,35 @@ def notes(t: pd.DataFrame) -> list[str]:
 
 def rows(t: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The report's table: measured beside the model, per case."""
-    headers = ["workload", "SSDs", "mapping", "ranks", "engine", "n", "stall s (max over ranks)",
-               "model", "aggregate GB/s", "model"]  # fmt: skip
+    headers = [
+        "workload",
+        "SSDs",
+        "mapping",
+        "ranks",
+        "engine",
+        "n",
+        "stall s (max over ranks)",
+        "model",
+        "aggregate GB/s",
+        "model",
+    ]
     out: list[list[str]] = []
     for e in order_engines(t["engine"]):
         for _, r in t[t["engine"] == e].sort_values(["n_targets", "ranks_active"]).iterrows():
-            out.append([str(r["workload"]), str(int(r["n_targets"])),
-                        r["target_map"] if r["ranks_active"] > 1 else "(one rank)",
-                        str(int(r["ranks_active"])), e + (f" [{r['mode']}]" if r["mode"] else ""),
-                        str(int(r["n"])), _fmt(r["stall_s"]), _fmt(r["model_stall_s"]),
-                        _fmt(r["agg_GBps"]), _fmt(r["model_GBps"])])  # fmt: skip
+            out.append(
+                [
+                    str(r["workload"]),
+                    str(int(r["n_targets"])),
+                    r["target_map"] if r["ranks_active"] > 1 else "(one rank)",
+                    str(int(r["ranks_active"])),
+                    e + (f" [{r['mode']}]" if r["mode"] else ""),
+                    str(int(r["n"])),
+                    _fmt(r["stall_s"]),
+                    _fmt(r["model_stall_s"]),
+                    _fmt(r["agg_GBps"]),
+                    _fmt(r["model_GBps"]),
+                ]
+            )
     return headers, out
 
 

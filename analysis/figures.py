@@ -17,33 +17,50 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter
 
-from analysis import contention as contention_mod  # noqa: E402
-from analysis import model, training  # noqa: E402
-from analysis.runs import Run, label, order_engines  # noqa: E402
-from analysis.stats import case_stats, median_row  # noqa: E402
-from bench.sizes import format_size  # noqa: E402
+from analysis import contention as contention_mod
+from analysis import model, training
+from analysis.runs import Run, label, order_engines
+from analysis.stats import case_stats, median_row
+from bench.sizes import format_size
 
 COL1, COL2 = 3.5, 7.1  # inches: one and two columns
-COLORS = {"gds": "#d62728", "cpu-single": "#1f77b4", "cpu-double": "#2ca02c",
-          "torch-save": "#7f7f7f", "dcp": "#9467bd"}  # fmt: skip
+COLORS = {
+    "gds": "#d62728",
+    "cpu-single": "#1f77b4",
+    "cpu-double": "#2ca02c",
+    "torch-save": "#7f7f7f",
+    "dcp": "#9467bd",
+}
 MARKERS = {"gds": "o", "cpu-single": "s", "cpu-double": "^", "torch-save": "D", "dcp": "v"}
 CONTENTION = "#ff7f0e"  # no engine's colour
 PROFILE_STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1))]
 STYLE = {
-    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
-    "ytick.labelsize": 7, "legend.fontsize": 6.5, "legend.frameon": False, "lines.linewidth": 1.3,
-    "lines.markersize": 4, "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5,
-    "savefig.dpi": 200, "savefig.bbox": "tight", "pdf.fonttype": 42, "axes.spines.top": False,
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 6.5,
+    "legend.frameon": False,
+    "lines.linewidth": 1.3,
+    "lines.markersize": 4,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "savefig.dpi": 200,
+    "savefig.bbox": "tight",
+    "pdf.fonttype": 42,
+    "axes.spines.top": False,
     "axes.spines.right": False,
-}  # fmt: skip
+}
 
 FIGURES = ("bandwidth_vs_tensor_size", "stall_vs_ssds", "host_memory", "feasibility", "timeline")
 
@@ -79,16 +96,17 @@ def footer(fig: Figure, run: Run, extra: str = "") -> None:
     """The run id, and loud words when the numbers are not real GPU / GDS / multi-SSD numbers."""
     parts = [f"run {run.run_id}"]
     if run.emulated:
-        parts.append("HOST-EMULATED (no GPU): host memory stands in for GPU memory; "
-                     "gds = O_DIRECT emulation, not GPUDirect Storage")  # fmt: skip
+        parts.append(
+            "HOST-EMULATED (no GPU): host memory stands in for GPU memory; "
+            "gds = O_DIRECT emulation, not GPUDirect Storage"
+        )
     if "compat" in set(run.ok["tag"]):
         parts.append("gds [compat]: kvikio compat mode, NOT GPUDirect Storage")
     if extra:
         parts.append(extra)
     text = "\n".join(textwrap.fill(p, 120 if fig.get_figwidth() > 5 else 70) for p in parts)
     fig.get_layout_engine().set(h_pad=0.04)
-    fig.supxlabel(text, fontsize=5.5, color="#aa0000" if run.emulated else "0.3", x=0.0,
-                  ha="left")  # fmt: skip
+    fig.supxlabel(text, fontsize=5.5, color="#aa0000" if run.emulated else "0.3", x=0.0, ha="left")
 
 
 def _empty(ax: Any, why: str) -> None:
@@ -136,8 +154,10 @@ def bandwidth_vs_tensor_size(run: Run) -> Figure:
     """(a) write bandwidth to durability and (b) restore bandwidth against tensor size."""
     fig, axes = _new(COL2, 2.5, ncols=2)
     df, total, n = synthetic_subset(run)
-    panels = [("write_GBps", "write bandwidth to durability (GB/s)", "(a) write: bytes / total_s"),
-              ("restore_GBps", "restore bandwidth (GB/s)", "(b) restore: bytes / restore_s")]  # fmt: skip
+    panels = [
+        ("write_GBps", "write bandwidth to durability (GB/s)", "(a) write: bytes / total_s"),
+        ("restore_GBps", "restore bandwidth (GB/s)", "(b) restore: bytes / restore_s"),
+    ]
     if not df.empty:
         fig.suptitle(f"{format_size(total)} checkpoint, {n} target(s)", fontsize=8)
     for ax, (metric, ylabel, title) in zip(axes[0], panels, strict=True):
@@ -165,8 +185,9 @@ def stall_vs_ssds(run: Run, prof: model.Profile | None) -> Figure:
     wls = list(dict.fromkeys(run.ok["workload"]))
     ncols = min(len(wls), 3)
     nrows = (len(wls) + ncols - 1) // ncols
-    fig, axes = _new(COL2 if ncols > 1 else COL1 + 1.5, 2.3 * nrows, ncols=ncols, nrows=nrows,
-                     sharey=True)  # fmt: skip
+    fig, axes = _new(
+        COL2 if ncols > 1 else COL1 + 1.5, 2.3 * nrows, ncols=ncols, nrows=nrows, sharey=True
+    )
     flat = list(axes.flat)
     st = case_stats(run.ok, "stall_s")
     counts = sorted(int(x) for x in run.ok["n_targets"].unique())
@@ -185,8 +206,16 @@ def stall_vs_ssds(run: Run, prof: model.Profile | None) -> Figure:
             _line(ax, s["n_targets"], s, e, _engine_label(run.ok, e), linestyle="none")
             if prof is not None and run.traits(e) is not None:
                 ys = [model.predict(prof, e, x, size, run.traits(e)).stall_s for x in xs_n]
-                ax.plot(xs, ys, color=color(e), linestyle="--", linewidth=0.9, alpha=0.8,
-                        label="_model", gid="model")  # fmt: skip
+                ax.plot(
+                    xs,
+                    ys,
+                    color=color(e),
+                    linestyle="--",
+                    linewidth=0.9,
+                    alpha=0.8,
+                    label="_model",
+                    gid="model",
+                )
         ax.set_yscale("log")
         ax.set_xticks(counts)
         ax.set_xlim(min(counts) - 0.3, max(counts) + 0.3)
@@ -221,24 +250,54 @@ def host_memory(run: Run) -> Figure:
     p = [pinned[e] for e in engines]
     c = [cache.loc[e, "median"] for e in engines]
     ax.bar(x, p, color=[color(e) for e in engines], width=0.6, label="pinned staging")
-    ax.bar(x, c, bottom=p, color=[color(e) for e in engines], alpha=0.35, hatch="///",
-           edgecolor="white", width=0.6, label="page-cache peak")  # fmt: skip
-    err = [[cache.loc[e, "median"] - cache.loc[e, "q25"] for e in engines],
-           [cache.loc[e, "q75"] - cache.loc[e, "median"] for e in engines]]  # fmt: skip
+    ax.bar(
+        x,
+        c,
+        bottom=p,
+        color=[color(e) for e in engines],
+        alpha=0.35,
+        hatch="///",
+        edgecolor="white",
+        width=0.6,
+        label="page-cache peak",
+    )
+    err = [
+        [cache.loc[e, "median"] - cache.loc[e, "q25"] for e in engines],
+        [cache.loc[e, "q75"] - cache.loc[e, "median"] for e in engines],
+    ]
     ax.errorbar(x, np.add(p, c), yerr=err, fmt="none", ecolor="black", elinewidth=0.7, capsize=2)
-    pred = [model.predict(_unit_profile(), e, 1, 1.0, run.traits(e)).host_bytes
-            if run.traits(e) else np.nan for e in engines]  # fmt: skip
-    (mline,) = ax.plot(x, pred, linestyle="none", marker="_", markersize=14, markeredgewidth=1.5,
-                       color="black", label="model")  # fmt: skip
+    pred = [
+        model.predict(_unit_profile(), e, 1, 1.0, run.traits(e)).host_bytes
+        if run.traits(e)
+        else np.nan
+        for e in engines
+    ]
+    (mline,) = ax.plot(
+        x,
+        pred,
+        linestyle="none",
+        marker="_",
+        markersize=14,
+        markeredgewidth=1.5,
+        color="black",
+        label="model",
+    )
     ax.set_xticks(x)
     ax.set_xticklabels([_engine_label(ok, e).replace(" [", "\n[") for e in engines])
     ax.set_ylabel("host memory / checkpoint size (x S)")
     ax.set_ylim(0, max(2.9, float(np.nanmax(np.add(p, c))) * 1.3))
     ax.grid(axis="x", visible=False)
-    handles = [Patch(facecolor="0.4", label="pinned staging"),
-               Patch(facecolor="0.4", alpha=0.35, hatch="///", edgecolor="white",
-                     label="page-cache peak (bar: IQR)"),
-               mline]  # fmt: skip
+    handles = [
+        Patch(facecolor="0.4", label="pinned staging"),
+        Patch(
+            facecolor="0.4",
+            alpha=0.35,
+            hatch="///",
+            edgecolor="white",
+            label="page-cache peak (bar: IQR)",
+        ),
+        mline,
+    ]
     ax.legend(handles=handles, loc="upper left", ncols=2)
     ax.set_title("host memory per engine (median of all repetitions)")
     footer(fig, run, "dcp's staging copy is unpinned host memory: not counted as pinned")
@@ -260,22 +319,43 @@ def feasibility(
     ax = axes[0][0]
     xs = np.arange(1, max_ssds + 1)
     top = max(float(np.max(model.stall_ratio(p, xs))) for p in profiles) if profiles else 10
-    today = ax.axvspan(0.75, 1.25, color="#ffd27f", alpha=0.6, linewidth=0,
-                       label="today's 8-GPU servers: ~1 data SSD per GPU")  # fmt: skip
-    below = ax.axhspan(0.5, 1, color="#c7e9c0", alpha=0.6, linewidth=0,
-                       label="GDS stalls no longer than CPU-centric")  # fmt: skip
+    today = ax.axvspan(
+        0.75,
+        1.25,
+        color="#ffd27f",
+        alpha=0.6,
+        linewidth=0,
+        label="today's 8-GPU servers: ~1 data SSD per GPU",
+    )
+    below = ax.axhspan(
+        0.5,
+        1,
+        color="#c7e9c0",
+        alpha=0.6,
+        linewidth=0,
+        label="GDS stalls no longer than CPU-centric",
+    )
     ax.axhline(1, color="black", linewidth=0.6)
     for i, p in enumerate(profiles):
         ys = model.stall_ratio(p, xs)
         name = p.name + (" (one shared device)" if p.shared_device else "")
-        (ln,) = ax.plot(xs, ys, linestyle=PROFILE_STYLES[i % len(PROFILE_STYLES)], label=name,
-                        color=f"C{i}")  # fmt: skip
+        (ln,) = ax.plot(
+            xs, ys, linestyle=PROFILE_STYLES[i % len(PROFILE_STYLES)], label=name, color=f"C{i}"
+        )
         be = model.break_even(p)
         if np.isfinite(be) and be <= max_ssds:
             ax.plot([be], [1], marker="o", color=ln.get_color(), markersize=4, label="_nolegend_")
-            ax.annotate(f"{model.break_even_ssds(p)}", (be, 1), textcoords="offset points",
-                        xytext=(0, -8), ha="center", va="top", fontsize=6, fontweight="bold",
-                        color=ln.get_color())  # fmt: skip
+            ax.annotate(
+                f"{model.break_even_ssds(p)}",
+                (be, 1),
+                textcoords="offset points",
+                xytext=(0, -8),
+                ha="center",
+                va="top",
+                fontsize=6,
+                fontweight="bold",
+                color=ln.get_color(),
+            )
     ax.set_yscale("log")
     ax.set_ylim(0.55, top * 1.6)
     ax.set_xlim(0.6, max_ssds + 0.4)
@@ -284,8 +364,7 @@ def feasibility(
     ax.set_ylabel("GDS stall / CPU-centric stall (log scale)")
     ax.set_title("R(n) = b / min(L, n w); dots: break-even SSDs per GPU")
     handles = [h for h in ax.get_legend_handles_labels()[0] if h not in (today, below)]
-    fig.legend(handles=[*handles, today, below], loc="outside upper center", ncols=2,
-               fontsize=5.8)  # fmt: skip
+    fig.legend(handles=[*handles, today, below], loc="outside upper center", ncols=2, fontsize=5.8)
     text = "model; profiles: configs/hardware/*.yaml, figures from shared/reference/figures.md"
     if run is not None:
         footer(fig, run, text + "; this-machine calibrated from this run")
@@ -323,8 +402,16 @@ def timeline(run: Run) -> Figure:
         whole_stall = t is not None and t.stall == "durable"
         ax.barh(y, tot if whole_stall else stall, left=0, height=0.6, color=color(e))
         if not whole_stall and tot > stall:
-            ax.barh(y, tot - stall, left=stall, height=0.6, color=color(e), alpha=0.3,
-                    hatch="///", edgecolor="white")  # fmt: skip
+            ax.barh(
+                y,
+                tot - stall,
+                left=stall,
+                height=0.6,
+                color=color(e),
+                alpha=0.3,
+                hatch="///",
+                edgecolor="white",
+            )
             h = float(r["hash_s"])
             if h > 0:
                 ax.barh(y, min(h, tot - stall), left=stall, height=0.18, color="black")
@@ -337,10 +424,17 @@ def timeline(run: Run) -> Figure:
     ax.set_title(
         f"one checkpoint per engine: {wl}, {n} target(s), the median repetition by total_s"
     )
-    handles = [Patch(facecolor="0.3", label="stall: training waits"),
-               Patch(facecolor="0.3", alpha=0.3, hatch="///", edgecolor="white",
-                     label="persist: in the background"),
-               Patch(facecolor="black", label="checksums (within persist; placement indicative)")]  # fmt: skip
+    handles = [
+        Patch(facecolor="0.3", label="stall: training waits"),
+        Patch(
+            facecolor="0.3",
+            alpha=0.3,
+            hatch="///",
+            edgecolor="white",
+            label="persist: in the background",
+        ),
+        Patch(facecolor="black", label="checksums (within persist; placement indicative)"),
+    ]
     ax.legend(handles=handles, loc="lower right")
     footer(
         fig,
@@ -365,8 +459,14 @@ def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel:
         st = case_stats(df, "write_GBps", ["engine", "tensor_bytes"])
         for e in order_engines(st["engine"]):
             s = st[st["engine"] == e].sort_values("tensor_bytes")
-            _line(ax, s["tensor_bytes"], s, e, f"{chr(65 + i)}: {_engine_label(df, e)}",
-                  linestyle=styles[i % 4])  # fmt: skip
+            _line(
+                ax,
+                s["tensor_bytes"],
+                s,
+                e,
+                f"{chr(65 + i)}: {_engine_label(df, e)}",
+                linestyle=styles[i % 4],
+            )
         sizes |= {int(x) for x in df["tensor_bytes"].unique()}
     if sizes:
         _size_ticks(ax, sorted(sizes))
@@ -386,12 +486,23 @@ def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel:
         for flag, mk in ((True, "o"), (False, "x")):
             m = sig == flag
             if m.any():
-                bx.errorbar(ratio[m], y[m], xerr=[lo[m], hi[m]], fmt=mk, capsize=2,
-                            color="black" if flag else "0.55",
-                            label="significant" if flag else "not significant")  # fmt: skip
+                bx.errorbar(
+                    ratio[m],
+                    y[m],
+                    xerr=[lo[m], hi[m]],
+                    fmt=mk,
+                    capsize=2,
+                    color="black" if flag else "0.55",
+                    label="significant" if flag else "not significant",
+                )
         bx.set_yticks(y)
-        bx.set_yticklabels([f"{r.run}/A {r.engine} {r.workload.replace('synthetic-', '')} x{r.n_targets}"
-                            for r in table.itertuples()], fontsize=6)  # fmt: skip
+        bx.set_yticklabels(
+            [
+                f"{r.run}/A {r.engine} {r.workload.replace('synthetic-', '')} x{r.n_targets}"
+                for r in table.itertuples()
+            ],
+            fontsize=6,
+        )
         bx.invert_yaxis()
         bx.legend(loc="best")
     bx.axvline(1, color="black", linewidth=0.8)
@@ -399,8 +510,11 @@ def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel:
     finite = table[["ci_low", "ci_high", "ratio"]].to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
     lo_x, hi_x = (min(finite.min(), 1.0), max(finite.max(), 1.0)) if finite.size else (0.5, 2.0)
-    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
-             if lo_x / 1.3 <= t <= hi_x * 1.3]  # fmt: skip
+    ticks = [
+        t
+        for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+        if lo_x / 1.3 <= t <= hi_x * 1.3
+    ]
     bx.set_xlim(lo_x / 1.3, hi_x * 1.3)
     bx.set_xticks(ticks, [f"{t:g}" for t in ticks])
     bx.xaxis.set_minor_formatter(NullFormatter())
@@ -408,8 +522,13 @@ def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel:
     bx.set_title("(b) ratio of medians per shared case, 95% bootstrap CI")
     ids = "; ".join(f"{chr(65 + i)} = {r.run_id}" for i, r in enumerate(runs))
     loud = " HOST-EMULATED rows: not GPU numbers." if any(r.emulated for r in runs) else ""
-    fig.supxlabel(textwrap.fill(ids + "." + loud, 140), fontsize=5.5, x=0.0, ha="left",
-                  color="#aa0000" if loud else "0.3")  # fmt: skip
+    fig.supxlabel(
+        textwrap.fill(ids + "." + loud, 140),
+        fontsize=5.5,
+        x=0.0,
+        ha="left",
+        color="#aa0000" if loud else "0.3",
+    )
     return fig
 
 
@@ -445,12 +564,26 @@ def training_stall(tr: training.TrainingRun) -> Figure:
             x0, x1 = np.interp([r["t_return_s"], r["t_durable_s"]], t, x)
             if x1 - x0 > 1e-6:
                 ax.axvspan(x0, x1, color=c, alpha=0.15, linewidth=0)
-        ax.plot(st["step"], st["step_s"], color=c, marker=".", markersize=2.5, linewidth=0.9,
-                label=tr.label(e))  # fmt: skip
+        ax.plot(
+            st["step"],
+            st["step_s"],
+            color=c,
+            marker=".",
+            markersize=2.5,
+            linewidth=0.9,
+            label=tr.label(e),
+        )
         ck = st[st["checkpoint"]]
         if len(ck):
-            ax.plot(ck["step"], ck["step_s"], linestyle="none", marker="v", color="black",
-                    markersize=3.5, label="_checkpoint")  # fmt: skip
+            ax.plot(
+                ck["step"],
+                ck["step_s"],
+                linestyle="none",
+                marker="v",
+                color="black",
+                markersize=3.5,
+                label="_checkpoint",
+            )
         if base_med is not None:
             ax.axhline(base_med, color="black", linestyle="--", linewidth=0.7, label="_none")
         ax.set_title(tr.label(e), loc="left", pad=2)
@@ -459,15 +592,30 @@ def training_stall(tr: training.TrainingRun) -> Figure:
             ax.set_ylabel("step time (s)")
         if i >= len(engines) - ncols:
             ax.set_xlabel("training step")
-    handles = [Line2D([], [], color="0.3", marker=".", linewidth=0.9, label="step time"),
-               Line2D([], [], linestyle="none", marker="v", color="black",
-                      label="step with a save() (stall inside)"),
-               Patch(facecolor="0.3", alpha=0.15, label="background persist running"),
-               Line2D([], [], color="black", linestyle="--", linewidth=0.7,
-                      label="median step time without checkpoints (none)")]  # fmt: skip
+    handles = [
+        Line2D([], [], color="0.3", marker=".", linewidth=0.9, label="step time"),
+        Line2D(
+            [],
+            [],
+            linestyle="none",
+            marker="v",
+            color="black",
+            label="step with a save() (stall inside)",
+        ),
+        Patch(facecolor="0.3", alpha=0.15, label="background persist running"),
+        Line2D(
+            [],
+            [],
+            color="black",
+            linestyle="--",
+            linewidth=0.7,
+            label="median step time without checkpoints (none)",
+        ),
+    ]
     top_fig.legend(handles=handles, loc="outside lower center", ncols=4)
-    top_fig.suptitle("(a) step time against training step, one panel per engine", fontsize=8,
-                     x=0.0, ha="left")  # fmt: skip
+    top_fig.suptitle(
+        "(a) step time against training step, one panel per engine", fontsize=8, x=0.0, ha="left"
+    )
 
     bx = bot_fig.add_subplot(1, 1, 1)
     table = training.summary(tr)
@@ -475,36 +623,73 @@ def training_stall(tr: training.TrainingRun) -> Figure:
     xs = np.arange(len(table))
     w = 0.27
     cols = [color(e) for e in table["engine"]]
-    bx.bar(xs - w, table["inflation_vs_none_s"], width=w, color=cols,
-           label="inflation vs none")  # fmt: skip
-    bx.bar(xs, table["save_step_s"], width=w, color=cols, alpha=0.55,
-           label="inflation vs quiet steps: the save() step")  # fmt: skip
-    bx.bar(xs, table["contention_s"], bottom=table["save_step_s"].clip(lower=0), width=w,
-           color=CONTENTION, label="inflation vs quiet steps: contention beside the persist")  # fmt: skip
-    bx.bar(xs + w, table["stall_s"], width=w, color=cols, alpha=0.45, hatch="///",
-           edgecolor="white", label="engine: median stall_s")  # fmt: skip
+    bx.bar(xs - w, table["inflation_vs_none_s"], width=w, color=cols, label="inflation vs none")
+    bx.bar(
+        xs,
+        table["save_step_s"],
+        width=w,
+        color=cols,
+        alpha=0.55,
+        label="inflation vs quiet steps: the save() step",
+    )
+    bx.bar(
+        xs,
+        table["contention_s"],
+        bottom=table["save_step_s"].clip(lower=0),
+        width=w,
+        color=CONTENTION,
+        label="inflation vs quiet steps: contention beside the persist",
+    )
+    bx.bar(
+        xs + w,
+        table["stall_s"],
+        width=w,
+        color=cols,
+        alpha=0.45,
+        hatch="///",
+        edgecolor="white",
+        label="engine: median stall_s",
+    )
     bx.axhline(0, color="black", linewidth=0.6)
     bx.set_xticks(xs)
     bx.set_xticklabels([lab.replace(" [", "\n[") for lab in table["label"]])
     bx.set_ylabel("seconds per checkpoint")
     bx.grid(axis="x", visible=False)
-    bx.legend(handles=[Patch(facecolor="0.3", label="inflation vs none: sum of step times - none's"),
-                       Patch(facecolor="0.3", alpha=0.55,
-                             label="inflation vs own quiet steps: the save() step"),
-                       Patch(facecolor=CONTENTION, label="  + contention beside the persist"),
-                       Patch(facecolor="0.3", alpha=0.45, hatch="///", edgecolor="white",
-                             label="engine: median stall_s")],
-              loc="upper left", ncols=2)  # fmt: skip
+    bx.legend(
+        handles=[
+            Patch(facecolor="0.3", label="inflation vs none: sum of step times - none's"),
+            Patch(
+                facecolor="0.3", alpha=0.55, label="inflation vs own quiet steps: the save() step"
+            ),
+            Patch(facecolor=CONTENTION, label="  + contention beside the persist"),
+            Patch(
+                facecolor="0.3",
+                alpha=0.45,
+                hatch="///",
+                edgecolor="white",
+                label="engine: median stall_s",
+            ),
+        ],
+        loc="upper left",
+        ncols=2,
+    )
     lo, hi = bx.get_ylim()
     bx.set_ylim(lo, hi + 0.45 * (hi - lo))  # room for the legend above the bars
     bx.set_title("(b) what training felt against what the engine reports", loc="left")
     size = format_size(int(table["bytes"].max())) if len(table) and table["bytes"].max() else "?"
     parts = [f"run {tr.run_id}; checkpoint {size} (params + AdamW states)"]
     if tr.emulated:
-        parts.append("HOST-EMULATED (no GPU): the model trains in host memory; "
-                     "gds = O_DIRECT emulation, not GPUDirect Storage")  # fmt: skip
-    fig.supxlabel("\n".join(textwrap.fill(p, 120) for p in parts), fontsize=5.5, x=0.0,
-                  ha="left", color="#aa0000" if tr.emulated else "0.3")  # fmt: skip
+        parts.append(
+            "HOST-EMULATED (no GPU): the model trains in host memory; "
+            "gds = O_DIRECT emulation, not GPUDirect Storage"
+        )
+    fig.supxlabel(
+        "\n".join(textwrap.fill(p, 120) for p in parts),
+        fontsize=5.5,
+        x=0.0,
+        ha="left",
+        color="#aa0000" if tr.emulated else "0.3",
+    )
     return fig
 
 
@@ -540,24 +725,48 @@ def contention(run: Run, prof: model.Profile | None) -> Figure:
                 ls = MAP_STYLES.get(m, ":")
                 face = color(e) if m == "shared" else "white"
                 # the one-rank point is the first mapping's; later mappings leave its marker
-                every = list(range(1 if m != mappings[0] and s["ranks_active"].iloc[0] == 1
-                                   else 0, len(s)))  # fmt: skip
-                for a, y, lo, hi in ((ax, "stall_s", "stall_q25", "stall_q75"),
-                                     (bx, "agg_GBps", "agg_q25", "agg_q75")):  # fmt: skip
-                    a.errorbar(s["ranks_active"], s[y], yerr=[s[y] - s[lo], s[hi] - s[y]],
-                               color=color(e), linestyle=ls, marker=marker(e),
-                               markerfacecolor=face, markevery=every, capsize=2, elinewidth=0.7,
-                               label=f"{_engine_label(run.ranked, e)}, {m}")  # fmt: skip
+                every = list(
+                    range(1 if m != mappings[0] and s["ranks_active"].iloc[0] == 1 else 0, len(s))
+                )
+                for a, y, lo, hi in (
+                    (ax, "stall_s", "stall_q25", "stall_q75"),
+                    (bx, "agg_GBps", "agg_q25", "agg_q75"),
+                ):
+                    a.errorbar(
+                        s["ranks_active"],
+                        s[y],
+                        yerr=[s[y] - s[lo], s[hi] - s[y]],
+                        color=color(e),
+                        linestyle=ls,
+                        marker=marker(e),
+                        markerfacecolor=face,
+                        markevery=every,
+                        capsize=2,
+                        elinewidth=0.7,
+                        label=f"{_engine_label(run.ranked, e)}, {m}",
+                    )
                 key = tuple(np.round(s["model_stall_s"].to_numpy(dtype=float), 12))
                 if key not in drawn and np.isfinite(s["model_stall_s"]).any():
                     drawn.append(key)
                     for a, y in ((ax, "model_stall_s"), (bx, "model_GBps")):
-                        a.plot(s["ranks_active"], s[y], color=color(e), linestyle=":",
-                               linewidth=0.9, alpha=0.8, label="_model")  # fmt: skip
+                        a.plot(
+                            s["ranks_active"],
+                            s[y],
+                            color=color(e),
+                            linestyle=":",
+                            linewidth=0.9,
+                            alpha=0.8,
+                            label="_model",
+                        )
         c = ceil.get("per_ssd_count", {}).get(str(n), {}) if ceil else {}
         if c.get("direct_write_Bps"):
-            bx.axhline(c["direct_write_Bps"] / 1e9, color="0.4", linewidth=0.7,
-                       linestyle=(0, (1, 2)), label=f"O_DIRECT ceiling, {n} target(s), 1 process")  # fmt: skip
+            bx.axhline(
+                c["direct_write_Bps"] / 1e9,
+                color="0.4",
+                linewidth=0.7,
+                linestyle=(0, (1, 2)),
+                label=f"O_DIRECT ceiling, {n} target(s), 1 process",
+            )
         for a in (ax, bx):
             a.set_xticks(ks)
             a.set_xlim(min(ks) - 0.4, max(ks) + 0.4)
@@ -570,18 +779,42 @@ def contention(run: Run, prof: model.Profile | None) -> Figure:
         bx.set_title("(b) aggregate write: all bytes / slowest total_s", loc="left")
         bx.set_ylabel("aggregate write (GB/s)")
     engines = order_engines(t["engine"]) if len(t) else []
-    handles = [Line2D([], [], color=color(e), marker=marker(e), linestyle="none",
-                      label=_engine_label(run.ranked, e)) for e in engines]  # fmt: skip
-    handles += [Line2D([], [], color="0.3", linestyle=MAP_STYLES.get(m, ":"), marker="o",
-                       markerfacecolor="0.3" if m == "shared" else "white",
-                       label=f"{m} targets") for m in mappings]  # fmt: skip
-    handles.append(Line2D([], [], color="0.3", linestyle=":", linewidth=0.9,
-                          label="model: fair share of the host"))  # fmt: skip
-    handles += [h for h in axes[0][1].get_legend_handles_labels()[0]
-                if h.get_label().startswith("O_DIRECT")]  # fmt: skip
+    handles = [
+        Line2D(
+            [],
+            [],
+            color=color(e),
+            marker=marker(e),
+            linestyle="none",
+            label=_engine_label(run.ranked, e),
+        )
+        for e in engines
+    ]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            linestyle=MAP_STYLES.get(m, ":"),
+            marker="o",
+            markerfacecolor="0.3" if m == "shared" else "white",
+            label=f"{m} targets",
+        )
+        for m in mappings
+    ]
+    handles.append(
+        Line2D(
+            [], [], color="0.3", linestyle=":", linewidth=0.9, label="model: fair share of the host"
+        )
+    )
+    handles += [
+        h for h in axes[0][1].get_legend_handles_labels()[0] if h.get_label().startswith("O_DIRECT")
+    ]
     fig.legend(handles=handles, loc="outside upper center", ncols=4)
-    extra = ("aggregate rows, median of repetitions, bars: IQR; one rank alone stands for every "
-             "mapping; hollow markers: dedicated targets")  # fmt: skip
+    extra = (
+        "aggregate rows, median of repetitions, bars: IQR; one rank alone stands for every "
+        "mapping; hollow markers: dedicated targets"
+    )
     if run.shared_device:
         extra += ". ALL TARGETS ON ONE DEVICE: shared and dedicated targets share its bandwidth"
     footer(fig, run, extra)

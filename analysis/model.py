@@ -122,8 +122,14 @@ class ProfileFile(BaseModel):
     notes: list[str] = []
 
 
-REQUIRED_INPUTS = ("d2h_GBps", "ssd_write_GBps", "ssds_per_gpu", "gpus_sharing_host",
-                   "host_copy_GBps", "checkpoint_size")  # fmt: skip
+REQUIRED_INPUTS = (
+    "d2h_GBps",
+    "ssd_write_GBps",
+    "ssds_per_gpu",
+    "gpus_sharing_host",
+    "host_copy_GBps",
+    "checkpoint_size",
+)
 
 
 @dataclass(frozen=True)
@@ -182,8 +188,9 @@ def traits_of(engine: str, traits: Traits | None = None) -> Traits:
     return t
 
 
-def _through(t: Traits, s: float, snap_bw: float, link: float, storage: float, first: float,
-             copy: float) -> tuple[float, float]:  # fmt: skip
+def _through(
+    t: Traits, s: float, snap_bw: float, link: float, storage: float, first: float, copy: float
+) -> tuple[float, float]:
     """(stall, time to durability) of `s` bytes through an engine with traits `t`: `storage`
     the write bandwidth of its targets when it stripes, `first` when it writes one target,
     `copy` the memory-copy share that bounds a page-cache path, `snap_bw` its snapshot."""
@@ -196,19 +203,27 @@ def _through(t: Traits, s: float, snap_bw: float, link: float, storage: float, f
     return (snap if t.stall == "snapshot" else snap + write), snap + write
 
 
-def predict(p: Profile, engine: str, n_ssds: float, size: float | None = None,
-            traits: Traits | None = None) -> Prediction:  # fmt: skip
+def predict(
+    p: Profile, engine: str, n_ssds: float, size: float | None = None, traits: Traits | None = None
+) -> Prediction:
     """Stall, time to durability and host memory of one GPU's checkpoint through `engine`."""
     t = traits_of(engine, traits)
     s = float(p.size_bytes if size is None else size)
-    stall, durable = _through(t, s, p.d2h_Bps, p.link, p.storage_Bps(n_ssds), p.ssd_write_Bps,
-                              p.copy_per_gpu)  # fmt: skip
+    stall, durable = _through(
+        t, s, p.d2h_Bps, p.link, p.storage_Bps(n_ssds), p.ssd_write_Bps, p.copy_per_gpu
+    )
     return Prediction(engine, stall, durable, t.host_copies * s)
 
 
-def predict_shared(p: Profile, engine: str, ranks: int, ssds_host: float | None = None,
-                   size: float | None = None, mapping: str = "shared",
-                   traits: Traits | None = None) -> Prediction:  # fmt: skip
+def predict_shared(
+    p: Profile,
+    engine: str,
+    ranks: int,
+    ssds_host: float | None = None,
+    size: float | None = None,
+    mapping: str = "shared",
+    traits: Traits | None = None,
+) -> Prediction:
     """Per-rank stall, time to durability and host memory when `ranks` ranks of one host save a
     shard of `size` each at once over the host's `ssds_host` SSDs (default: the profile's GPUs
     and SSDs per host); `mapping` (shared or dedicated) matters only for the engines that write
@@ -290,6 +305,12 @@ def _number(q: Quoted, path: str, key: str) -> float:
     return v
 
 
+def is_filled_from_run(name: str, directory: Path = PROFILES_DIR) -> bool:
+    """Whether profile `name` (a name or a .yaml path) is the one a run fills (this-machine)."""
+    pf, _ = _read_profile_file(name, directory)
+    return pf.filled_from_run
+
+
 def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
     """A hardware profile by name (configs/hardware/<name>.yaml) or path."""
     pf, path = _read_profile_file(name, directory)
@@ -323,8 +344,9 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
     )
 
 
-def _optional_int(q: Quoted | None, path: str, key: str,
-                  sources: dict[str, tuple[str, str]]) -> int | None:  # fmt: skip
+def _optional_int(
+    q: Quoted | None, path: str, key: str, sources: dict[str, tuple[str, str]]
+) -> int | None:
     if q is None:
         return None
     sources[key] = (q.kind, q.source)
@@ -395,8 +417,10 @@ def from_run(run: Any) -> Profile:
     }
     n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
     table = run.env.get("ranks", {}).get("table") or []
-    per_node = [sum(1 for t in table if t.get("node_rank") == n)
-                for n in {t.get("node_rank") for t in table}]  # fmt: skip
+    per_node = [
+        sum(1 for t in table if t.get("node_rank") == n)
+        for n in {t.get("node_rank") for t in table}
+    ]
     if per_node:
         sources["gpus_per_host"] = (tag, f"ranks per node of run {rid} (env.json ranks.table)")
         sources["ssds_per_host"] = (tag, "distinct devices under the run's targets")
@@ -530,8 +554,14 @@ def feasibility_text(p: Profile) -> str:
     lines += ["", f"one GPU's checkpoint of {fmt_bytes(p.size_bytes)} with {n} SSD(s) per GPU:"]
     rows = []
     for pr in predict_all(p, n):
-        rows.append([pr.engine, f"{pr.stall_s:.3g}", f"{pr.durable_s:.3g}",
-                     f"{fmt_bytes(pr.host_bytes)} ({pr.host_bytes / p.size_bytes:.0f} x S)"])  # fmt: skip
+        rows.append(
+            [
+                pr.engine,
+                f"{pr.stall_s:.3g}",
+                f"{pr.durable_s:.3g}",
+                f"{fmt_bytes(pr.host_bytes)} ({pr.host_bytes / p.size_bytes:.0f} x S)",
+            ]
+        )
     lines.append(text_table(["engine", "stall s", "durable s", "host memory"], rows))
     counts = ratio_counts(p)
     ratios = stall_ratio(p, counts)
@@ -557,8 +587,10 @@ def sharing_text(p: Profile) -> str:
     """Per-rank stall and the host's aggregate write bandwidth when g GPUs of one host save
     their shards at once over its SSDs (shared targets; predict_shared)."""
     m, counts = p.host_ssds, sharing_counts(p)
-    head = (f"g GPUs of one host saving their {fmt_bytes(p.size_bytes)} shards at once over "
-            f"its {m} SSD(s), shared targets: per-rank stall s (aggregate GB/s to durability)")  # fmt: skip
+    head = (
+        f"g GPUs of one host saving their {fmt_bytes(p.size_bytes)} shards at once over "
+        f"its {m} SSD(s), shared targets: per-rank stall s (aggregate GB/s to durability)"
+    )
     rows = []
     for g in counts:
         cells = []

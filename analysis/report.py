@@ -125,8 +125,10 @@ class Doc:
                 )
                 out.append(f"<table><tr>{head}</tr>{body}</table>")
             elif kind == "img":
-                out.append(f"<figure><img src='{html.escape(v[0])}' alt=''>"
-                           f"<figcaption>{_inline(v[1])}</figcaption></figure>")  # fmt: skip
+                out.append(
+                    f"<figure><img src='{html.escape(v[0])}' alt=''>"
+                    f"<figcaption>{_inline(v[1])}</figcaption></figure>"
+                )
             elif kind == "pre":
                 out.append(f"<pre>{html.escape(v)}</pre>")
         return "\n".join(out) + "\n"
@@ -151,8 +153,10 @@ def md_table(headers: list[str], rows: list[list[str]]) -> str:
     def cell(c: str) -> str:
         return str(c).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]  # fmt: skip
+    lines = [
+        "| " + " | ".join(cell(h) for h in headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
     lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -164,11 +168,14 @@ def warnings_for(run: Run) -> list[str]:
     """Loud lines: what the numbers are not."""
     out = []
     if run.emulated:
-        out.append("HOST-EMULATED run (no GPU): host memory stands in for GPU memory in every "
-                   "row; these are not GPU numbers.")  # fmt: skip
-    says = {"emulated": "rows are a host emulation (O_DIRECT from host memory), NOT GPUDirect "
-                        "Storage.",
-            "compat": "rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage."}  # fmt: skip
+        out.append(
+            "HOST-EMULATED run (no GPU): host memory stands in for GPU memory in every "
+            "row; these are not GPU numbers."
+        )
+    says = {
+        "emulated": "rows are a host emulation (O_DIRECT from host memory), NOT GPUDirect Storage.",
+        "compat": "rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage.",
+    }
     for mode, text in says.items():
         names = sorted(set(run.ok.loc[run.ok["gds_mode"] == mode, "engine"]))
         if names:
@@ -179,8 +186,11 @@ def warnings_for(run: Run) -> list[str]:
         )
     bad = {k: v for k, v in run.excluded.items() if k != "warm-up" and v}
     if bad:
-        out.append("Rows left out of the statistics: "
-                   + ", ".join(f"{v} with {k}" for k, v in bad.items()) + ".")  # fmt: skip
+        out.append(
+            "Rows left out of the statistics: "
+            + ", ".join(f"{v} with {k}" for k, v in bad.items())
+            + "."
+        )
     return out
 
 
@@ -197,21 +207,45 @@ def stall_ratios(run: Run) -> pd.DataFrame:
             c = st.loc[(wl, n, single), "median"]
         except KeyError:
             continue
-        rows.append({"workload": wl, "n_targets": n, "gds_stall_s": g, "cpu_single_stall_s": c,
-                     "ratio": g / c})  # fmt: skip
+        rows.append(
+            {
+                "workload": wl,
+                "n_targets": n,
+                "gds_stall_s": g,
+                "cpu_single_stall_s": c,
+                "ratio": g / c,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[str]]]:
-    headers = ["profile", "b: D2H GB/s", "w: SSD write GB/s", "SSDs per GPU today",
-               "GDS / CPU-centric stall at that count", "break-even SSDs per GPU (n*)"]  # fmt: skip
+    headers = [
+        "profile",
+        "b: D2H GB/s",
+        "w: SSD write GB/s",
+        "SSDs per GPU today",
+        "GDS / CPU-centric stall at that count",
+        "break-even SSDs per GPU (n*)",
+    ]
     rows = []
     for p in profiles:
         be = model.break_even(p)
-        be_txt = ("never (one shared device)" if p.shared_device else "never") if math.isinf(be) \
-            else f"{model.break_even_ssds(p)} ({be:.2f})"  # fmt: skip
-        rows.append([p.name, f"{p.d2h_Bps / 1e9:.2f}", f"{p.ssd_write_Bps / 1e9:.2f}",
-                     str(p.ssds_per_gpu), f"{model.stall_ratio(p, p.ssds_per_gpu):.2f}", be_txt])  # fmt: skip
+        be_txt = (
+            ("never (one shared device)" if p.shared_device else "never")
+            if math.isinf(be)
+            else f"{model.break_even_ssds(p)} ({be:.2f})"
+        )
+        rows.append(
+            [
+                p.name,
+                f"{p.d2h_Bps / 1e9:.2f}",
+                f"{p.ssd_write_Bps / 1e9:.2f}",
+                str(p.ssds_per_gpu),
+                f"{model.stall_ratio(p, p.ssds_per_gpu):.2f}",
+                be_txt,
+            ]
+        )
     return headers, rows
 
 
@@ -252,18 +286,30 @@ def answer(run: Run, this: model.Profile | None, profiles: list[model.Profile]) 
                     f"GDS breaks even on: {', '.join(worth)}."
                     if worth
                     else "On none of them is GDS worth it for the stall."
-                )  # fmt: skip
+                )
             )
-    out.append("Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
-               "beside the model, Figure 3 the host memory the CPU-centric paths pay for it.")  # fmt: skip
+    out.append(
+        "Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
+        "beside the model, Figure 3 the host memory the CPU-centric paths pay for it."
+    )
     return out
 
 
 def model_vs_measured(run: Run, this: model.Profile) -> tuple[list[str], list[list[str]]]:
     """Predicted vs measured median stall and time to durability for every measured case."""
     table = stats.summary_table(run)
-    headers = ["workload", "SSDs", "engine", "mode", "stall s: model", "measured", "error %",
-               "durable s: model", "measured", "error %"]  # fmt: skip
+    headers = [
+        "workload",
+        "SSDs",
+        "engine",
+        "mode",
+        "stall s: model",
+        "measured",
+        "error %",
+        "durable s: model",
+        "measured",
+        "error %",
+    ]
     rows = []
     for _, r in table.iterrows():
         t = run.traits(r["engine"])
@@ -273,10 +319,20 @@ def model_vs_measured(run: Run, this: model.Profile) -> tuple[list[str], list[li
         pr = model.predict(this, r["engine"], n, float(r["total_bytes"]), t)
         e1 = 100 * (pr.stall_s - r["stall_s"]) / r["stall_s"]
         e2 = 100 * (pr.durable_s - r["total_s"]) / r["total_s"]
-        rows.append([r["workload"], str(int(r["n_targets"])), r["engine"],
-                     (r["mode"] or "").upper() or "-", stats.fmt(pr.stall_s),
-                     stats.fmt(r["stall_s"]), f"{e1:+.0f}", stats.fmt(pr.durable_s),
-                     stats.fmt(r["total_s"]), f"{e2:+.0f}"])  # fmt: skip
+        rows.append(
+            [
+                r["workload"],
+                str(int(r["n_targets"])),
+                r["engine"],
+                (r["mode"] or "").upper() or "-",
+                stats.fmt(pr.stall_s),
+                stats.fmt(r["stall_s"]),
+                f"{e1:+.0f}",
+                stats.fmt(pr.durable_s),
+                stats.fmt(r["total_s"]),
+                f"{e2:+.0f}",
+            ]
+        )
     return headers, rows
 
 
@@ -317,8 +373,11 @@ def env_rows(env: dict[str, Any]) -> list[list[str]]:
     add("device", f"{dev.get('kind', '?')}" + (" (EMULATED)" if dev.get("emulated") else ""))
     gpu = env.get("gpu", {})
     if gpu.get("present"):
-        add("GPU", f"{gpu.get('name', '?')}, driver {gpu.get('driver', '?')}, PCIe gen "
-                   f"{gpu.get('pcie_gen', '?')} x{gpu.get('pcie_width', '?')}")  # fmt: skip
+        add(
+            "GPU",
+            f"{gpu.get('name', '?')}, driver {gpu.get('driver', '?')}, PCIe gen "
+            f"{gpu.get('pcie_gen', '?')} x{gpu.get('pcie_width', '?')}",
+        )
     else:
         add("GPU", "none")
     kv = env.get("kvikio", {})
@@ -326,9 +385,12 @@ def env_rows(env: dict[str, Any]) -> list[list[str]]:
     st = env.get("storage", {})
     for i, t in enumerate(st.get("targets", [])):
         b = t.get("block", {})
-        add(f"target {i}", f"{t.get('path')}: {t.get('fstype')} on {t.get('source')} "
-                           f"(disk {b.get('disk', '?')}, rotational={b.get('rotational', '?')}, "
-                           f"mount {t.get('mount')})")  # fmt: skip
+        add(
+            f"target {i}",
+            f"{t.get('path')}: {t.get('fstype')} on {t.get('source')} "
+            f"(disk {b.get('disk', '?')}, rotational={b.get('rotational', '?')}, "
+            f"mount {t.get('mount')})",
+        )
     if "shared_device" in st:
         add(
             "targets share one device",
@@ -341,11 +403,14 @@ def env_rows(env: dict[str, Any]) -> list[list[str]]:
     add("packages", ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items()))
     cfg = env.get("config", {})
     if cfg:
-        add("config", f"engines {cfg.get('engines')}, total_sizes "
-                      f"{[format_size(s) for s in cfg.get('total_sizes', [])]}, tensor_sizes "
-                      f"{[format_size(s) for s in cfg.get('tensor_sizes', [])]}, models "
-                      f"{cfg.get('models')}, ssd_counts {cfg.get('ssd_counts')}, repetitions "
-                      f"{cfg.get('repetitions')}, warmups {cfg.get('warmups')}")  # fmt: skip
+        add(
+            "config",
+            f"engines {cfg.get('engines')}, total_sizes "
+            f"{[format_size(s) for s in cfg.get('total_sizes', [])]}, tensor_sizes "
+            f"{[format_size(s) for s in cfg.get('tensor_sizes', [])]}, models "
+            f"{cfg.get('models')}, ssd_counts {cfg.get('ssd_counts')}, repetitions "
+            f"{cfg.get('repetitions')}, warmups {cfg.get('warmups')}",
+        )
     for n in env.get("notes", []):
         add("note", n)
     return rows
@@ -374,8 +439,12 @@ def write_doc(doc: Doc, outdir: str, run_id: str) -> list[str]:
     return [md, html_path]
 
 
-def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
-          profiles_dir: str | None = None) -> Report:  # fmt: skip
+def build(
+    run_dir: str,
+    outdir: str | None = None,
+    figures_only: bool = False,
+    profiles_dir: str | None = None,
+) -> Report:
     """Write the figures (and unless figures_only, summary.csv, report.md, report.html).
 
     A training-loop run (training_steps.csv, `ckptbench train`) adds Figure 6 and its section;
@@ -423,22 +492,30 @@ def build(run_dir: str, outdir: str | None = None, figures_only: bool = False,
         paths += [csv_path, *write_doc(doc, outdir, run.run_id)]
     notes = warnings_for(run) + (training.notes(tr) if tr is not None else [])
     if contention.present(run):
-        notes += [f"aggregate write bandwidth, {n}"
-                  for n in contention.notes(contention.table(run, this))]  # fmt: skip
+        notes += [
+            f"aggregate write bandwidth, {n}" for n in contention.notes(contention.table(run, this))
+        ]
     return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)
 
 
-def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
-             profiles: list[model.Profile], tr: training.TrainingRun | None = None) -> Doc:  # fmt: skip
+def document(
+    run: Run,
+    table: pd.DataFrame,
+    this: model.Profile | None,
+    profiles: list[model.Profile],
+    tr: training.TrainingRun | None = None,
+) -> Doc:
     """The report's content."""
     d = Doc()
     d.h(1, f"ckptbench report: {run.run_id}")
     for w in warnings_for(run):
         d.warn(w)
     n_rows = len(run.ok)
-    d.p(f"{n_rows} timed repetitions ({run.excluded.get('warm-up', 0)} warm-ups left out), "
+    d.p(
+        f"{n_rows} timed repetitions ({run.excluded.get('warm-up', 0)} warm-ups left out), "
         f"{table.shape[0]} cases, engines: {', '.join(run.engines)}. GB/s = 1e9 B/s; write "
-        "bandwidth = checkpoint bytes / total_s (until durable).")  # fmt: skip
+        "bandwidth = checkpoint bytes / total_s (until durable)."
+    )
 
     d.h(2, "Is GDS worth it here?")
     for para in answer(run, this, profiles):
@@ -447,14 +524,19 @@ def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
     d.img("feasibility.png", CAPTIONS["feasibility"])
 
     d.h(2, "Summary")
-    d.p("Per case: n timed repetitions; medians with their interquartile range (IQR); "
+    d.p(
+        "Per case: n timed repetitions; medians with their interquartile range (IQR); "
         "'durable s' = median total_s; pinned and page cache as multiples of the checkpoint "
         "size S; 'x torch-save' = torch-save's median (same workload, its one SSD) over this "
         "engine's, for the stall and for the time to durability. Mode: EMULATED = host-emulated "
         "device (and for gds the O_DIRECT emulation), COMPAT = kvikio compat mode."
-        + (" Efficiency = write bandwidth over the device ceiling of the targets used "
-           "(env.json ceilings)." if "efficiency_pct" in table else
-           " No device ceilings in env.json: no efficiency column."))  # fmt: skip
+        + (
+            " Efficiency = write bandwidth over the device ceiling of the targets used "
+            "(env.json ceilings)."
+            if "efficiency_pct" in table
+            else " No device ceilings in env.json: no efficiency column."
+        )
+    )
     d.table(*stats.summary_rows(table))
 
     d.h(2, "Figures")
@@ -462,13 +544,17 @@ def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
         if stem != "feasibility":
             d.img(f"{stem}.png", CAPTIONS[stem])
     if tr is not None:
-        d.p("PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; Figure 6 "
-            "(below) shows checkpoint phases against the steps of a training loop.")  # fmt: skip
+        d.p(
+            "PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; Figure 6 "
+            "(below) shows checkpoint phases against the steps of a training loop."
+        )
         training_section(d, tr)
     else:
-        d.p("PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; checkpoint "
+        d.p(
+            "PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; checkpoint "
             "phases against the steps of a real training loop come from `ckptbench train "
-            "configs/training.yaml`, whose report draws them (Figure 6).")  # fmt: skip
+            "configs/training.yaml`, whose report draws them (Figure 6)."
+        )
     if contention.present(run):
         contention_section(d, run, this)
 
@@ -481,10 +567,12 @@ def document(run: Run, table: pd.DataFrame, this: model.Profile | None,
         for note in this.notes:
             d.p(f"Note: {note}.")
         d.h(3, "Model against measurement")
-        d.p("Predicted vs measured medians per case (error = (model - measured) / measured). "
+        d.p(
+            "Predicted vs measured medians per case (error = (model - measured) / measured). "
             "b and w are medians of cpu-single over the run, so cpu-single's errors show how far "
             "single cases stray from them; torch.save's serialisation is not modelled (it is "
-            "known to reach under a third of NVMe write speed, pytorch/pytorch issue 124195).")  # fmt: skip
+            "known to reach under a third of NVMe write speed, pytorch/pytorch issue 124195)."
+        )
         d.table(*model_vs_measured(run, this))
     d.h(3, "Hardware profiles")
     d.p(
@@ -514,26 +602,32 @@ def training_section(d: Doc, tr: training.TrainingRun) -> None:
     for n in training.notes(tr):
         d.warn(n)
     if m:
-        d.p(f"A {m.get('n_layers')}-layer transformer (d_model {m.get('d_model')}, vocab "
+        d.p(
+            f"A {m.get('n_layers')}-layer transformer (d_model {m.get('d_model')}, vocab "
             f"{m.get('vocab')}, {info.get('params', 0) / 1e6:.1f}M parameters) trained with "
             f"AdamW on synthetic tokens (batch {m.get('batch_size')} x {m.get('seq_len')}), "
             f"{cfg.get('steps')} timed steps per engine with a save every "
             f"{cfg.get('checkpoint_every')} steps of the model and optimizer state "
             f"({format_size(int(info.get('state_bytes', 0)))}); torch threads "
-            f"{info.get('torch_threads', '?')}.")  # fmt: skip
-    d.p("The step-time inflation is what training really feels: the engine's stall plus the "
+            f"{info.get('torch_threads', '?')}."
+        )
+    d.p(
+        "The step-time inflation is what training really feels: the engine's stall plus the "
         "contention the background persist causes in the steps that run beside it (GIL, memory "
         "bandwidth, the writer threads' CPU time); it is compared here with the engine-level "
         "stall_s. Two estimates per checkpoint: against `none` (sum of the engine's step times - "
         "sum of none's), and against the engine's own quiet steps (neither a save nor beside a "
         "persist), which the drift of the machine's speed between the engines' runs does not "
-        "reach. Times in seconds; stall_s and durable s are medians over the timed saves.")  # fmt: skip
+        "reach. Times in seconds; stall_s and durable s are medians over the timed saves."
+    )
     said = []
     for _, r in table[table["engine"] != training.NONE].iterrows():
         if math.isfinite(r["inflation_s"]) and math.isfinite(r["stall_s"]) and r["stall_s"] > 0:
-            said.append(f"{r['label']} {stats.fmt(r['inflation_s'])} s against a "
-                        f"{stats.fmt(r['stall_s'])} s stall_s "
-                        f"({r['inflation_s'] / r['stall_s']:.1f}x)")  # fmt: skip
+            said.append(
+                f"{r['label']} {stats.fmt(r['inflation_s'])} s against a "
+                f"{stats.fmt(r['stall_s'])} s stall_s "
+                f"({r['inflation_s'] / r['stall_s']:.1f}x)"
+            )
     if said:
         d.p("Measured, per checkpoint against the quiet steps: " + "; ".join(said) + ".")
     for note in training.drift_notes(table):
@@ -547,14 +641,24 @@ def training_env_rows(env: dict[str, Any]) -> list[list[str]]:
     rows = [r for r in env_rows({k: v for k, v in env.items() if k != "config"})]
     cfg = env.get("config", {})
     if cfg:
-        keys = ("engines", "steps", "checkpoint_every", "warmup_steps", "warmup_checkpoints",
-                "model", "lr", "weight_decay", "threads", "seed", "targets")  # fmt: skip
+        keys = (
+            "engines",
+            "steps",
+            "checkpoint_every",
+            "warmup_steps",
+            "warmup_checkpoints",
+            "model",
+            "lr",
+            "weight_decay",
+            "threads",
+            "seed",
+            "targets",
+        )
         rows.append(["config", ", ".join(f"{k} {cfg.get(k)}" for k in keys)])
     return rows
 
 
-def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool,
-                   t0: float) -> Report:  # fmt: skip
+def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0: float) -> Report:
     """The report of a run directory that holds only a training-loop run."""
     os.makedirs(outdir, exist_ok=True)
     paths = figures.save(figures.training_stall(tr), outdir, "training_stall")
@@ -580,24 +684,30 @@ def contention_section(d: Doc, run: Run, this: model.Profile | None) -> None:
     t = contention.table(run, this)
     r = run.env.get("ranks", {})
     d.h(2, "Many ranks at once")
-    d.p(f"{r.get('world_size', '?')} ranks under torchrun ({r.get('backend', '?')}), each saving "
+    d.p(
+        f"{r.get('world_size', '?')} ranks under torchrun ({r.get('backend', '?')}), each saving "
         f"its own shard ({'the total split evenly' if r.get('shard') == 'even' else 'a whole total each'}) "
         "into its own targets; every repetition starts at a barrier, so the ranks contend for "
         "the SSDs, the PCIe root complexes and the host's memory bandwidth for real. Aggregate "
         "rows: stall and time to durability = the slowest rank's, bytes = all ranks'. "
         "Mappings: " + ", ".join(r.get("mapping", [])) + "; with one rank a case runs once and "
-        "stands for every mapping. env.json `ranks.layout` lists every rank's directories.")  # fmt: skip
+        "stands for every mapping. env.json `ranks.layout` lists every rank's directories."
+    )
     said = contention.notes(t)
     if said:
         d.p("**Measured aggregate write bandwidth against one rank alone:**")
         d.ul(said)
     if run.shared_device:
-        d.warn("All targets share one device: shared and dedicated targets divide the same "
-               "device's bandwidth here; the difference between them is the cost of interleaving "
-               "the ranks' files, not of more devices.")  # fmt: skip
+        d.warn(
+            "All targets share one device: shared and dedicated targets divide the same "
+            "device's bandwidth here; the difference between them is the cost of interleaving "
+            "the ranks' files, not of more devices."
+        )
     d.img("contention.png", CAPTIONS["contention"])
-    d.p("The model (dotted; `analysis.model.predict_shared`): g ranks of one host each get W(m) "
+    d.p(
+        "The model (dotted; `analysis.model.predict_shared`): g ranks of one host each get W(m) "
         "/ g of the host's m SSDs and C / g of its memory-copy bandwidth; per-rank stall = S_r / "
         "min(L, W(m)/g) for gds, S_r / min(b, C/g) for the CPU-centric snapshot. It gives shared "
-        "and dedicated targets the same share: their measured difference is what it leaves out.")  # fmt: skip
+        "and dedicated targets the same share: their measured difference is what it leaves out."
+    )
     d.table(*contention.rows(t))

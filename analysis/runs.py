@@ -112,8 +112,15 @@ def _text(s: pd.Series, missing: str) -> pd.Series:
 
 
 # Multi-rank columns and their value on rows of single-process runs that predate them.
-RANK_DEFAULTS = {"rank": 0, "world_size": 1, "node": "", "node_rank": 0, "aggregate": False,
-                 "ranks_active": 1, "target_map": ""}  # fmt: skip
+RANK_DEFAULTS = {
+    "rank": 0,
+    "world_size": 1,
+    "node": "",
+    "node_rank": 0,
+    "aggregate": False,
+    "ranks_active": 1,
+    "target_map": "",
+}
 
 
 def normalise(df: pd.DataFrame) -> pd.DataFrame:
@@ -150,12 +157,38 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
 # bench.results.COLUMNS since (options, capped, efficiencies, ranks...) are optional here, so
 # older runs and the committed fixtures still load.
 REQUIRED = [
-    "run_id", "case_id", "engine", "device", "emulated", "gds_mode", "workload", "total_bytes",
-    "tensor_bytes", "n_tensors", "n_targets", "targets_used", "rep", "warmup", "stall_s",
-    "persist_s", "total_s", "restore_s", "hash_s", "wait_prev_s", "pinned_bytes",
-    "page_cache_peak_bytes", "rss_peak_bytes", "cpu_user_s", "cpu_sys_s", "staging_grew",
-    "copied_tensors", "cache_dropped", "dtype", "verified", "error",
-]  # fmt: skip
+    "run_id",
+    "case_id",
+    "engine",
+    "device",
+    "emulated",
+    "gds_mode",
+    "workload",
+    "total_bytes",
+    "tensor_bytes",
+    "n_tensors",
+    "n_targets",
+    "targets_used",
+    "rep",
+    "warmup",
+    "stall_s",
+    "persist_s",
+    "total_s",
+    "restore_s",
+    "hash_s",
+    "wait_prev_s",
+    "pinned_bytes",
+    "page_cache_peak_bytes",
+    "rss_peak_bytes",
+    "cpu_user_s",
+    "cpu_sys_s",
+    "staging_grew",
+    "copied_tensors",
+    "cache_dropped",
+    "dtype",
+    "verified",
+    "error",
+]
 
 
 def read_env(run_dir: str) -> dict[str, Any]:

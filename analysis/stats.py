@@ -78,8 +78,11 @@ def device_ceiling(env: dict[str, Any], key: str, n_targets: int, shared: bool) 
     else:
         # per-target dicts: a "targets" list, or dicts keyed by target path (in env.json order)
         items = ceil["targets"] if isinstance(ceil.get("targets"), list) else list(ceil.values())
-        per = [float(t[key]) for t in items
-               if isinstance(t, dict) and isinstance(t.get(key), int | float) and t[key] > 0]  # fmt: skip
+        per = [
+            float(t[key])
+            for t in items
+            if isinstance(t, dict) and isinstance(t.get(key), int | float) and t[key] > 0
+        ]
     if not per:
         return None
     k = 1 if shared else n_targets
@@ -155,19 +158,45 @@ def fmt(x: float, digits: int = 3) -> str:
 
 def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted rows of the summary table (report.md and the terminal)."""
-    headers = ["workload", "SSDs", "engine", "mode", "n", "write GB/s", "IQR", "stall s", "IQR",
-               "durable s", "restore GB/s", "pinned xS", "page cache xS",
-               "x torch-save stall", "x torch-save durable"]  # fmt: skip
+    headers = [
+        "workload",
+        "SSDs",
+        "engine",
+        "mode",
+        "n",
+        "write GB/s",
+        "IQR",
+        "stall s",
+        "IQR",
+        "durable s",
+        "restore GB/s",
+        "pinned xS",
+        "page cache xS",
+        "x torch-save stall",
+        "x torch-save durable",
+    ]
     eff = "efficiency_pct" in table
     if eff:
         headers.append("efficiency % of device")
     rows = []
     for _, r in table.iterrows():
-        row = [r["workload"], str(int(r["n_targets"])), r["engine"], (r["mode"] or "").upper() or "-",
-               str(int(r["n"])), f"{r['write_GBps']:.2f}", f"{r['write_iqr']:.2f}",
-               fmt(r["stall_s"]), fmt(r["stall_iqr"], 2), fmt(r["total_s"]),
-               f"{r['restore_GBps']:.2f}", f"{r['pinned_x']:.2f}", f"{r['page_cache_x']:.2f}",
-               fmt(r["speedup_stall"]), fmt(r["speedup_total"])]  # fmt: skip
+        row = [
+            r["workload"],
+            str(int(r["n_targets"])),
+            r["engine"],
+            (r["mode"] or "").upper() or "-",
+            str(int(r["n"])),
+            f"{r['write_GBps']:.2f}",
+            f"{r['write_iqr']:.2f}",
+            fmt(r["stall_s"]),
+            fmt(r["stall_iqr"], 2),
+            fmt(r["total_s"]),
+            f"{r['restore_GBps']:.2f}",
+            f"{r['pinned_x']:.2f}",
+            f"{r['page_cache_x']:.2f}",
+            fmt(r["speedup_stall"]),
+            fmt(r["speedup_total"]),
+        ]
         if eff:
             row.append(fmt(r["efficiency_pct"]))
         rows.append(row)
@@ -199,8 +228,9 @@ def _median_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.median(b, axis=axis) / np.median(a, axis=axis)
 
 
-def ratio_ci(a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 4000,
-             seed: int = 0) -> RatioCI:  # fmt: skip
+def ratio_ci(
+    a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 4000, seed: int = 0
+) -> RatioCI:
     """B/A ratio of medians; CI from scipy's percentile bootstrap (independent samples),
     p from a two-sided Mann-Whitney U test. With fewer than 2 values a side there is no CI."""
     a = np.asarray(a, dtype=float)
@@ -212,9 +242,16 @@ def ratio_ci(a: Any, b: Any, confidence: float = 0.95, n_resamples: int = 4000,
         # Identical resamples (tiny n) make scipy warn about a degenerate distribution; the
         # percentile interval is still the right answer (a point).
         warnings.simplefilter("ignore")
-        res = sps.bootstrap((a, b), _median_ratio, vectorized=True, paired=False,
-                            confidence_level=confidence, n_resamples=n_resamples,
-                            method="percentile", rng=np.random.default_rng(seed))  # fmt: skip
+        res = sps.bootstrap(
+            (a, b),
+            _median_ratio,
+            vectorized=True,
+            paired=False,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
         p = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
     ci = res.confidence_interval
     return RatioCI(ratio, float(ci.low), float(ci.high), p, len(a), len(b), 1 - confidence)

@@ -15,18 +15,35 @@ from bench import sizes
 from bench.errors import UserError
 
 COLUMNS = {  # summary_table column -> terminal header
-    "mode": "mode", "n": "n", "write_GBps": "write_GBps", "stall_s": "stall_s",
-    "total_s": "total_s", "restore_GBps": "restore_GBps", "page_cache_x": "cache_x",
-    "pinned_x": "pinned_x", "persist_eff": "persist_eff", "snapshot_eff": "snapshot_eff",
-}  # fmt: skip
+    "mode": "mode",
+    "n": "n",
+    "write_GBps": "write_GBps",
+    "stall_s": "stall_s",
+    "total_s": "total_s",
+    "restore_GBps": "restore_GBps",
+    "page_cache_x": "cache_x",
+    "pinned_x": "pinned_x",
+    "persist_eff": "persist_eff",
+    "snapshot_eff": "snapshot_eff",
+}
 
 
 def table(run: runs.Run) -> pd.DataFrame:
     """The report's summary table, in the terminal's columns and rounding."""
     t = stats.summary_table(run).set_index(stats.CASE)
     t = t[[c for c in COLUMNS if c in t.columns]].rename(columns=COLUMNS)
-    return t.round({"write_GBps": 2, "stall_s": 3, "total_s": 3, "restore_GBps": 2,
-                    "cache_x": 2, "pinned_x": 2, "persist_eff": 2, "snapshot_eff": 2})  # fmt: skip
+    return t.round(
+        {
+            "write_GBps": 2,
+            "stall_s": 3,
+            "total_s": 3,
+            "restore_GBps": 2,
+            "cache_x": 2,
+            "pinned_x": 2,
+            "persist_eff": 2,
+            "snapshot_eff": 2,
+        }
+    )
 
 
 def ceiling_lines(env: dict[str, Any]) -> list[str]:
@@ -35,16 +52,22 @@ def ceiling_lines(env: dict[str, Any]) -> list[str]:
     if not c:
         return []
     reps = f", median of {c['repetitions']}" if c.get("repetitions", 1) > 1 else ""
-    head = (f"ceilings ({c['tool']}, {sizes.format_size(c['block_bytes'])} writes, queue depth "
-            f"{c['queue_depth']}{reps}): copy into a warm buffer {c['copy_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    head = (
+        f"ceilings ({c['tool']}, {sizes.format_size(c['block_bytes'])} writes, queue depth "
+        f"{c['queue_depth']}{reps}): copy into a warm buffer {c['copy_Bps'] / 1e9:.2f} GB/s"
+    )
     if c.get("d2h_Bps"):
         head += f", device-to-host {c['d2h_Bps'] / 1e9:.2f} GB/s"
     lines = [head]
     for n, v in c["per_ssd_count"].items():
-        lines.append(f"  {n} target(s): O_DIRECT {_bw(v, 'direct_write')}, "
-                     f"buffered + fsync {_bw(v, 'buffered_write')}")  # fmt: skip
-    lines.append("  persist_eff: persist GB/s / the ceiling of the engine's write (O_DIRECT, or "
-                 "buffered for page-cache paths); snapshot_eff: snapshot GB/s / copy ceiling")  # fmt: skip
+        lines.append(
+            f"  {n} target(s): O_DIRECT {_bw(v, 'direct_write')}, "
+            f"buffered + fsync {_bw(v, 'buffered_write')}"
+        )
+    lines.append(
+        "  persist_eff: persist GB/s / the ceiling of the engine's write (O_DIRECT, or "
+        "buffered for page-cache paths); snapshot_eff: snapshot GB/s / copy ceiling"
+    )
     return lines
 
 
@@ -62,12 +85,16 @@ def mode_notes(rows: pd.DataFrame) -> list[str]:
     notes = []
     compat = sorted(set(rows.loc[rows["gds_mode"] == "compat", "engine"]))
     if compat:
-        notes.append(f"kvikio ran in compat mode: {', '.join(compat)} rows marked compat are "
-                     "NOT GPUDirect Storage")  # fmt: skip
+        notes.append(
+            f"kvikio ran in compat mode: {', '.join(compat)} rows marked compat are "
+            "NOT GPUDirect Storage"
+        )
     emulated = sorted(set(rows.loc[rows["gds_mode"] == "emulated", "engine"]))
     if emulated:
-        notes.append(f"{', '.join(emulated)} rows are a host emulation (O_DIRECT from host "
-                     "memory), not GPUDirect Storage")  # fmt: skip
+        notes.append(
+            f"{', '.join(emulated)} rows are a host emulation (O_DIRECT from host "
+            "memory), not GPUDirect Storage"
+        )
     if rows["emulated"].astype(bool).any():
         notes.append("device=host-emulated: host memory stands in for GPU memory in every row")
     return notes
@@ -101,10 +128,21 @@ def terminal(run_dir: str, notes: list[str]) -> list[str]:
             out.append(table(run).to_string())
             if contention.present(run):
                 c = contention.table(run, None)
-                cols = ["workload", "n_targets", "target_map", "ranks_active", "engine", "n",
-                        "stall_s", "total_s", "agg_GBps"]  # fmt: skip
-                out.append("aggregate rows (stall: the slowest rank; GB/s: all ranks' bytes / "
-                           "the slowest rank's total_s):")  # fmt: skip
+                cols = [
+                    "workload",
+                    "n_targets",
+                    "target_map",
+                    "ranks_active",
+                    "engine",
+                    "n",
+                    "stall_s",
+                    "total_s",
+                    "agg_GBps",
+                ]
+                out.append(
+                    "aggregate rows (stall: the slowest rank; GB/s: all ranks' bytes / "
+                    "the slowest rank's total_s):"
+                )
                 out.append(c[cols].round(3).to_string(index=False))
                 notes = notes + bandwidth_notes(c)
     with open(os.path.join(run_dir, "env.json")) as f:

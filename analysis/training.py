@@ -123,34 +123,59 @@ def summary(tr: TrainingRun) -> pd.DataFrame:
                 vs_none = (st["step_s"].iloc[:n].sum() - base[:n].sum()) / n_ck
             save_step = float((st.loc[st["checkpoint"], "step_s"] - q).sum()) / n_ck
             contention = float((persist - q).sum()) / n_ck
-        rows.append({
-            "engine": e, "label": tr.label(e), "steps": len(st), "checkpoints": n_ck,
-            "step_s": float(st["step_s"].median()), "quiet_step_s": q,
-            "step_persist_s": float(persist.median()) if len(persist) else math.nan,
-            "persist_steps": len(persist),
-            "inflation_vs_none_s": vs_none, "inflation_s": save_step + contention,
-            "save_step_s": save_step, "contention_s": contention,
-            "save_call_s": float(ck["save_call_s"].median()) if len(ck) else math.nan,
-            "stall_s": float(ck["stall_s"].median()) if len(ck) else math.nan,
-            "persist_s": float(ck["persist_s"].median()) if len(ck) else math.nan,
-            "total_s": float(ck["total_s"].median()) if len(ck) else math.nan,
-            "bytes": int(ck["bytes"].median()) if len(ck) else 0,
-            "overlap_steps": float(ck["overlap_steps"].median()) if len(ck) else math.nan,
-        })  # fmt: skip
+        rows.append(
+            {
+                "engine": e,
+                "label": tr.label(e),
+                "steps": len(st),
+                "checkpoints": n_ck,
+                "step_s": float(st["step_s"].median()),
+                "quiet_step_s": q,
+                "step_persist_s": float(persist.median()) if len(persist) else math.nan,
+                "persist_steps": len(persist),
+                "inflation_vs_none_s": vs_none,
+                "inflation_s": save_step + contention,
+                "save_step_s": save_step,
+                "contention_s": contention,
+                "save_call_s": float(ck["save_call_s"].median()) if len(ck) else math.nan,
+                "stall_s": float(ck["stall_s"].median()) if len(ck) else math.nan,
+                "persist_s": float(ck["persist_s"].median()) if len(ck) else math.nan,
+                "total_s": float(ck["total_s"].median()) if len(ck) else math.nan,
+                "bytes": int(ck["bytes"].median()) if len(ck) else 0,
+                "overlap_steps": float(ck["overlap_steps"].median()) if len(ck) else math.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted rows for the terminal and report.md."""
-    headers = ["engine", "ckpts", "step s (median)", "step s during persist",
-               "inflation s / ckpt vs none", "vs quiet steps", "of it contention",
-               "stall_s (median)", "durable s (median)"]  # fmt: skip
+    headers = [
+        "engine",
+        "ckpts",
+        "step s (median)",
+        "step s during persist",
+        "inflation s / ckpt vs none",
+        "vs quiet steps",
+        "of it contention",
+        "stall_s (median)",
+        "durable s (median)",
+    ]
     rows = []
     for _, r in table.iterrows():
-        rows.append([r["label"], str(int(r["checkpoints"])), fmt(r["step_s"]),
-                     fmt(r["step_persist_s"]), fmt(r["inflation_vs_none_s"]),
-                     fmt(r["inflation_s"]), fmt(r["contention_s"]), fmt(r["stall_s"]),
-                     fmt(r["total_s"])])  # fmt: skip
+        rows.append(
+            [
+                r["label"],
+                str(int(r["checkpoints"])),
+                fmt(r["step_s"]),
+                fmt(r["step_persist_s"]),
+                fmt(r["inflation_vs_none_s"]),
+                fmt(r["inflation_s"]),
+                fmt(r["contention_s"]),
+                fmt(r["stall_s"]),
+                fmt(r["total_s"]),
+            ]
+        )
     return headers, rows
 
 
@@ -166,10 +191,12 @@ def drift_notes(table: pd.DataFrame, threshold: float = 0.05) -> list[str]:
         q = r["quiet_step_s"]
         if math.isfinite(q) and abs(q - b) > threshold * b and r["checkpoints"]:
             drift = (q - b) * r["steps"] / r["checkpoints"]
-            out.append(f"the quiet steps of {r['label']} ran {abs(q / b - 1):.0%} "
-                       f"{'slower' if q > b else 'faster'} than none's ({fmt(q)} s vs "
-                       f"{fmt(b)} s): its inflation against none carries about {fmt(drift)} s "
-                       "per checkpoint of that drift")  # fmt: skip
+            out.append(
+                f"the quiet steps of {r['label']} ran {abs(q / b - 1):.0%} "
+                f"{'slower' if q > b else 'faster'} than none's ({fmt(q)} s vs "
+                f"{fmt(b)} s): its inflation against none carries about {fmt(drift)} s "
+                "per checkpoint of that drift"
+            )
     return out
 
 
@@ -177,15 +204,19 @@ def notes(tr: TrainingRun) -> list[str]:
     """What must be said beside the numbers."""
     out = []
     if tr.emulated:
-        out.append("HOST-EMULATED run (no GPU): the model trains in host memory; gds is an "
-                   "O_DIRECT emulation, NOT GPUDirect Storage.")  # fmt: skip
+        out.append(
+            "HOST-EMULATED run (no GPU): the model trains in host memory; gds is an "
+            "O_DIRECT emulation, NOT GPUDirect Storage."
+        )
     if NONE not in tr.engines:
         out.append("no `none` engine in this run: no baseline, so no inflation or contention.")
     for e in tr.engines:
         st = tr.steps[tr.steps["engine"] == e]
         if e != NONE and st["checkpoint"].any() and (st["checkpoint"] | st["during_persist"]).all():
-            out.append(f"{e}: every step saved or ran beside a persist: no quiet steps to "
-                       "measure its inflation against (raise checkpoint_every)")  # fmt: skip
+            out.append(
+                f"{e}: every step saved or ran beside a persist: no quiet steps to "
+                "measure its inflation against (raise checkpoint_every)"
+            )
     for _, r in tr.errors.iterrows():
         out.append(f"{r['engine']}: {r['error']}")
     bad = tr.ckpts[(tr.ckpts.get("verified", pd.Series(dtype=object)).astype(str) == "False")]

@@ -71,11 +71,23 @@ def fio_write(
     # The engines write new files without preallocating, and so does fio here: fallocate=none,
     # and create_on_open so that fio does not first lay the file out with writes of its own
     # (that pass is not timed, but its dirty pages would be flushed inside the timed one).
-    cmd = ["fio", "--output-format=json", "--group_reporting=1", "--end_fsync=1",
-           "--fallocate=none", "--create_on_open=1"]  # fmt: skip
-    common = ["--rw=write", f"--bs={block}", f"--size={file_bytes}", f"--direct={int(direct)}",
-              f"--ioengine={'libaio' if direct else 'psync'}", f"--iodepth={depth if direct else 1}",
-              "--thread=1"]  # fmt: skip
+    cmd = [
+        "fio",
+        "--output-format=json",
+        "--group_reporting=1",
+        "--end_fsync=1",
+        "--fallocate=none",
+        "--create_on_open=1",
+    ]
+    common = [
+        "--rw=write",
+        f"--bs={block}",
+        f"--size={file_bytes}",
+        f"--direct={int(direct)}",
+        f"--ioengine={'libaio' if direct else 'psync'}",
+        f"--iodepth={depth if direct else 1}",
+        "--thread=1",
+    ]
     for i, f in enumerate(files):
         cap = caps[i] if caps else None
         cmd += [f"--name=t{i}", f"--filename={f}", *common, *([f"--rate={cap}"] if cap else [])]

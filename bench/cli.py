@@ -1,6 +1,6 @@
 """The `ckptbench` command: `run CONFIG`, `engines`, `clean TARGET...`, `report`, `model`, `compare`.
 
-`train CONFIG` checkpoints a real training loop through each engine (bench/workloads/training.py).
+`train CONFIG` checkpoints a real training loop through each engine (bench/training/).
 
 `report RUN_DIR`, `model PROFILE` and `compare RUN_A RUN_B` read results files (analysis/).
 
@@ -53,8 +53,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from analysis import training as tstats  # noqa: PLC0415
-    from analysis.model import text_table  # noqa: PLC0415
+    from analysis import training as tstats
+    from analysis.model import text_table
     from bench import training
     from bench.training.loop import TrainingRun
 
@@ -62,14 +62,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     t = TrainingRun(cfg, args.output, quiet=args.quiet)
     run_dir = t.run()
     tr = tstats.load(run_dir)
-    print(f"\ntraining run {t.run_id} ({t.device.kind}{', emulated' if t.device.emulated else ''}"
-          f"), {cfg.steps} steps per engine, a checkpoint every {cfg.checkpoint_every}")  # fmt: skip
+    print(
+        f"\ntraining run {t.run_id} ({t.device.kind}{', emulated' if t.device.emulated else ''}"
+        f"), {cfg.steps} steps per engine, a checkpoint every {cfg.checkpoint_every}"
+    )
     table = tstats.summary(tr)
     print(text_table(*tstats.summary_rows(table)))
     for note in t.notes + tstats.notes(tr) + tstats.drift_notes(table):
         print(f"note: {note}")
-    print(f"results: {run_dir}/training_steps.csv, training_checkpoints.csv, env.json; "
-          f"figure: ckptbench report {run_dir}")  # fmt: skip
+    print(
+        f"results: {run_dir}/training_steps.csv, training_checkpoints.csv, env.json; "
+        f"figure: ckptbench report {run_dir}"
+    )
     if t.failures:
         print(f"{len(t.failures)} engine(s) failed or did not verify", file=sys.stderr)
         return 1
@@ -77,9 +81,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_engines(args: argparse.Namespace) -> int:
-    from bench import devices  # noqa: PLC0415
-    from bench.engines import REGISTRY  # noqa: PLC0415
-    from bench.engines.gds import kvikio_unavailable  # noqa: PLC0415
+    from bench import devices
+    from bench.engines import REGISTRY
+    from bench.engines.gds import kvikio_unavailable
 
     dev = devices.detect("auto")
     print(f"device: {dev.kind}")
@@ -101,8 +105,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_clean(args: argparse.Namespace) -> int:
-    from bench import manifest  # noqa: PLC0415
-    from bench.engines.base import check_targets  # noqa: PLC0415
+    from bench.engines.base import check_targets
+    from bench.generations import leftovers, remove_files
 
     targets = check_targets("clean", args.targets)
     names = args.name or sorted(
@@ -110,9 +114,9 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     )
     removed = []
     for n in names:
-        found = manifest.leftovers(targets, n)
+        found = leftovers(targets, n)
         if not args.dry_run:
-            manifest.remove_files(found)
+            remove_files(found)
         removed += found
     verb = "would remove" if args.dry_run else "removed"
     for p in removed:
@@ -122,7 +126,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from analysis import report  # noqa: PLC0415 - matplotlib only when asked for
+    from analysis import report  # matplotlib only when asked for
 
     rep = report.build(args.run_dir, args.output, figures_only=args.figures_only)
     print(rep.summary_text)
@@ -135,11 +139,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    from analysis import model, runs  # noqa: PLC0415
-    from bench.sizes import parse_size  # noqa: PLC0415
+    from analysis import model, runs
+    from bench.sizes import parse_size
 
     if args.from_run:
-        if args.profile != model.THIS_MACHINE:
+        if not model.is_filled_from_run(args.profile):
             raise UserError(
                 f"--from-run fills the {model.THIS_MACHINE} profile, not {args.profile!r}"
             )
@@ -157,13 +161,15 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from analysis import compare  # noqa: PLC0415
+    from analysis import compare
 
     c = compare.compare(args.runs, args.metric, force=args.force)
     print(compare.text(c))
     if c.forced and c.refusals:
-        print("WARNING: runs are not comparable (see above); compared because of --force",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "WARNING: runs are not comparable (see above); compared because of --force",
+            file=sys.stderr,
+        )
     paths = compare.write(c, args.output or compare.default_outdir(c))
     print(f"wrote {', '.join(os.path.relpath(p) for p in paths)}")
     return 0
@@ -177,20 +183,31 @@ def _analysis_parsers(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--figures-only", action="store_true", help="only the figures (make plots)")
     rp.set_defaults(fn=_cmd_report)
     mp = sub.add_parser("model", help="the analytical model's feasibility table for a profile")
-    mp.add_argument("profile", help="configs/hardware/<name>.yaml by name (e.g. dgx-h100-gen4) "
-                    "or a .yaml path; this-machine needs --from-run")  # fmt: skip
+    mp.add_argument(
+        "profile",
+        help="configs/hardware/<name>.yaml by name (e.g. dgx-h100-gen4) "
+        "or a .yaml path; this-machine needs --from-run",
+    )
     mp.add_argument("--ssds", type=int, help="SSDs per GPU (default: the profile's)")
     mp.add_argument("--size", help="checkpoint size of one GPU, e.g. 80GB (default: the profile's)")
     mp.add_argument("--from-run", metavar="RUN_DIR", help="calibrate this-machine from a run")
     mp.set_defaults(fn=_cmd_model)
     cp = sub.add_parser("compare", help="compare runs (e.g. two storage devices) case by case")
     cp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="RUN_A RUN_B [...]: each vs A")
-    cp.add_argument("--metric", default="write", choices=["write", "stall", "durable", "restore"],
-                    help="what to compare (default: write GB/s)")  # fmt: skip
-    cp.add_argument("--force", action="store_true",
-                    help="compare even when the essential environment differs (warns loudly)")  # fmt: skip
-    cp.add_argument("-o", "--output",
-                    help="where to write (default: LAST_RUN/report/compare-vs-<A's run id>)")  # fmt: skip
+    cp.add_argument(
+        "--metric",
+        default="write",
+        choices=["write", "stall", "durable", "restore"],
+        help="what to compare (default: write GB/s)",
+    )
+    cp.add_argument(
+        "--force",
+        action="store_true",
+        help="compare even when the essential environment differs (warns loudly)",
+    )
+    cp.add_argument(
+        "-o", "--output", help="where to write (default: LAST_RUN/report/compare-vs-<A's run id>)"
+    )
     cp.set_defaults(fn=_cmd_compare)
 
 
@@ -200,22 +217,39 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a sweep config, write results/<run-id>/")
     r.add_argument("config", help="YAML sweep config, e.g. configs/default.yaml")
     r.add_argument("-o", "--output", default="results", help="results root (default: results)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set repetitions=5 "
-                   "--set engine_options.cpu-single.chunk_bytes=32MiB")  # fmt: skip
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set repetitions=5 "
+        "--set engine_options.cpu-single.chunk_bytes=32MiB",
+    )
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    r.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue an interrupted run: skip the rows it recorded "
-                   "(refused if the config changed)")  # fmt: skip
-    r.add_argument("--nproc", type=int, metavar="N",
-                   help="run N ranks through torchrun (one GPU each on CUDA), each saving its "
-                   "shard; same as --set ranks.nproc=N")  # fmt: skip
+    r.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue an interrupted run: skip the rows it recorded "
+        "(refused if the config changed)",
+    )
+    r.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="run N ranks through torchrun (one GPU each on CUDA), each saving its "
+        "shard; same as --set ranks.nproc=N",
+    )
     r.set_defaults(fn=_cmd_run)
     t = sub.add_parser("train", help="checkpoint a real training loop through each engine")
     t.add_argument("config", help="YAML training config, e.g. configs/training.yaml")
     t.add_argument("-o", "--output", default="results", help="results root (default: results)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set steps=30 --set model.n_layers=2")  # fmt: skip
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set steps=30 --set model.n_layers=2",
+    )
     t.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     t.set_defaults(fn=_cmd_train)
     e = sub.add_parser("engines", help="list engines and whether each can run here")

@@ -1,6 +1,6 @@
 """Sweep configs: strict YAML -> frozen, validated Config; every error names its key path.
 
-Axes (each a list, expanded to a cartesian product by the runner): `engines`, `total_sizes` x
+Axes (each a list, expanded to a cartesian product by bench.plan): `engines`, `total_sizes` x
 `tensor_sizes` (synthetic states) and/or `models` (model-shaped presets), `ssd_counts` (each takes
 the first N entries of `targets`). Unknown keys and bad values fail before anything runs.
 """
@@ -102,8 +102,10 @@ class Config(Strict):
         """The targets: as given, or `scratch/target-i` for as many as the largest SSD count."""
         if self.targets:
             return [os.path.abspath(t.path) for t in self.targets]
-        return [os.path.abspath(os.path.join(self.scratch, f"target-{i}"))
-                for i in range(max(self.ssd_counts))]  # fmt: skip
+        return [
+            os.path.abspath(os.path.join(self.scratch, f"target-{i}"))
+            for i in range(max(self.ssd_counts))
+        ]
 
     def target_caps(self) -> list[int | None]:
         """Write-bandwidth cap of each resolved target (None: uncapped)."""
@@ -180,8 +182,9 @@ def _check_ranks(cfg: Config) -> None:
         )
 
 
-def check_engines(engines: list[str], options: dict[str, dict[str, Any]],
-                  extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+def check_engines(
+    engines: list[str], options: dict[str, dict[str, Any]], extra: tuple[str, ...] = ()
+) -> None:
     """The engine names of a config (`extra`: names that are not engines but allowed, such as
     a training config's `none`) and each engine's options, validated by its options model."""
     known = [*extra, *ENGINES]
@@ -240,6 +243,7 @@ def resolved(cfg: Config) -> dict[str, Any]:
         e: validate_options(e, cfg.engine_options.get(e, {})).model_dump() for e in cfg.engines
     }
     run, skipped = cfg.synthetic_cases()
-    d["skipped_cases"] = [{"total_bytes": t, "tensor_bytes": s, "why": "tensor larger than total"}
-                          for t, s in skipped]  # fmt: skip
+    d["skipped_cases"] = [
+        {"total_bytes": t, "tensor_bytes": s, "why": "tensor larger than total"} for t, s in skipped
+    ]
     return d

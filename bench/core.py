@@ -61,8 +61,16 @@ def engine_block(names: list[str]) -> dict[str, Any]:
 class Core:
     """The run directory, environment, preflight, engines, rows and failures of one run."""
 
-    def __init__(self, cfg: Any, device: Any, out_root: str, *, world: Any = None,
-                 quiet: bool = False, resume: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Any,
+        device: Any,
+        out_root: str,
+        *,
+        world: Any = None,
+        quiet: bool = False,
+        resume: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.device = device
         self.out_root = out_root
@@ -142,9 +150,14 @@ class Core:
 
     # -- the run directory -------------------------------------------------------------------
 
-    def open(self, config: dict[str, Any], targets: list[str], engines: list[str],
-             key: Callable[[Any], tuple[Any, ...]] | None = None,
-             rows_file: str = "results.csv") -> set[tuple[Any, ...]]:  # fmt: skip
+    def open(
+        self,
+        config: dict[str, Any],
+        targets: list[str],
+        engines: list[str],
+        key: Callable[[Any], tuple[Any, ...]] | None = None,
+        rows_file: str = "results.csv",
+    ) -> set[tuple[Any, ...]]:
         """Rank 0: a new run directory under out_root, or the one to resume (then the keys of
         the rows it already holds, by `key`); its environment block. Returns the done keys."""
         done: set[tuple[Any, ...]] = set()
@@ -212,8 +225,14 @@ class Core:
                 self.writers[file].write(r)
 
     def progress(self, total: int, unit: str, done: int = 0) -> None:
-        self.bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=self.quiet,
-                        dynamic_ncols=True, initial=done)  # fmt: skip
+        self.bar = tqdm(
+            total=total,
+            unit=unit,
+            file=sys.stderr,
+            disable=self.quiet,
+            dynamic_ncols=True,
+            initial=done,
+        )
 
     def close(self) -> None:
         if self.bar is not None:

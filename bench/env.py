@@ -19,8 +19,21 @@ from typing import Any
 import psutil
 import torch
 
-PACKAGES = ["torch", "numpy", "pandas", "matplotlib", "pydantic", "xxhash", "bitmath", "psutil",
-            "kvikio-cu12", "kvikio-cu13", "cupy-cuda12x", "cupy-cuda13x", "ckptbench"]  # fmt: skip
+PACKAGES = [
+    "torch",
+    "numpy",
+    "pandas",
+    "matplotlib",
+    "pydantic",
+    "xxhash",
+    "bitmath",
+    "psutil",
+    "kvikio-cu12",
+    "kvikio-cu13",
+    "cupy-cuda12x",
+    "cupy-cuda13x",
+    "ckptbench",
+]
 
 
 def _run(cmd: list[str], cwd: str | None = None) -> str | None:
@@ -65,9 +78,13 @@ def _block_device(path: str) -> dict[str, Any]:
     info["name"] = os.path.basename(real)
     # A partition's queue/ and device/ live in its parent disk's directory.
     disk = real if os.path.exists(os.path.join(real, "queue")) else os.path.dirname(real)
-    for key, rel in [("model", "device/model"), ("rotational", "queue/rotational"),
-                     ("logical_block_size", "queue/logical_block_size"),
-                     ("max_sectors_kb", "queue/max_sectors_kb"), ("scheduler", "queue/scheduler")]:  # fmt: skip
+    for key, rel in [
+        ("model", "device/model"),
+        ("rotational", "queue/rotational"),
+        ("logical_block_size", "queue/logical_block_size"),
+        ("max_sectors_kb", "queue/max_sectors_kb"),
+        ("scheduler", "queue/scheduler"),
+    ]:
         try:
             with open(os.path.join(disk, rel)) as f:
                 info[key] = f.read().strip()
@@ -82,8 +99,15 @@ def targets_info(targets: list[str]) -> dict[str, Any]:
     rows = []
     for t in targets:
         usage = shutil.disk_usage(t)
-        rows.append({"path": t, **_mount_of(t), "block": _block_device(t),
-                     "free_bytes": usage.free, "total_bytes": usage.total})  # fmt: skip
+        rows.append(
+            {
+                "path": t,
+                **_mount_of(t),
+                "block": _block_device(t),
+                "free_bytes": usage.free,
+                "total_bytes": usage.total,
+            }
+        )
     devs = {r["block"]["dev"] for r in rows}
     return {
         "targets": rows,
@@ -95,10 +119,19 @@ def targets_info(targets: list[str]) -> dict[str, Any]:
 def gpu_info() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"present": False}
-    info: dict[str, Any] = {"present": True, "name": torch.cuda.get_device_name(0),
-                            "cuda": torch.version.cuda, "count": torch.cuda.device_count()}  # fmt: skip
-    q = _run(["nvidia-smi", "--query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current",
-              "--format=csv,noheader"])  # fmt: skip
+    info: dict[str, Any] = {
+        "present": True,
+        "name": torch.cuda.get_device_name(0),
+        "cuda": torch.version.cuda,
+        "count": torch.cuda.device_count(),
+    }
+    q = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current",
+            "--format=csv,noheader",
+        ]
+    )
     if q:
         parts = [p.strip() for p in q.splitlines()[0].split(",")]
         if len(parts) == 3:
@@ -111,28 +144,33 @@ def kvikio_info() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"available": False, "reason": "no CUDA device (kvikio needs libcuda.so.1)"}
     try:
-        import kvikio  # noqa: PLC0415
+        import kvikio
     except ImportError as e:
         return {"available": False, "reason": f"kvikio not installed ({e})"}
-    from bench.engines.gds import kvikio_mode  # noqa: PLC0415
+    from bench.engines.gds import kvikio_mode
 
-    info: dict[str, Any] = {"available": True, "version": getattr(kvikio, "__version__", None),
-                            "mode": kvikio_mode(kvikio)}  # fmt: skip
+    info: dict[str, Any] = {
+        "available": True,
+        "version": getattr(kvikio, "__version__", None),
+        "mode": kvikio_mode(kvikio),
+    }
 
     def props() -> Any:
         return kvikio.cufile_driver.properties
 
-    for key, fn in [("compat_mode", lambda: str(kvikio.defaults.get("compat_mode"))),
-                    ("num_threads", lambda: kvikio.defaults.get("num_threads")),
-                    ("task_size", lambda: kvikio.defaults.get("task_size")),
-                    ("gds_threshold", lambda: kvikio.defaults.get("gds_threshold")),
-                    ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version()),
-                    ("nvidia_fs_available", lambda: bool(props().is_gds_available)),
-                    ("nvidia_fs_version", lambda: f"{props().major_version}.{props().minor_version}"),
-                    ("cufile_allow_compat_mode", lambda: bool(props().allow_compat_mode))]:  # fmt: skip
+    for key, fn in [
+        ("compat_mode", lambda: str(kvikio.defaults.get("compat_mode"))),
+        ("num_threads", lambda: kvikio.defaults.get("num_threads")),
+        ("task_size", lambda: kvikio.defaults.get("task_size")),
+        ("gds_threshold", lambda: kvikio.defaults.get("gds_threshold")),
+        ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version()),
+        ("nvidia_fs_available", lambda: bool(props().is_gds_available)),
+        ("nvidia_fs_version", lambda: f"{props().major_version}.{props().minor_version}"),
+        ("cufile_allow_compat_mode", lambda: bool(props().allow_compat_mode)),
+    ]:
         try:
             info[key] = fn()
-        except Exception as e:  # noqa: BLE001 - record, never fail the run for it
+        except Exception as e:  # record, never fail the run for it
             info[key] = f"unknown ({type(e).__name__})"
     return info
 

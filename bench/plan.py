@@ -28,8 +28,9 @@ class Workload:
     tensor_bytes: int  # 0 for models (mixed sizes)
     model: config_mod.ModelSpec | None = None
 
-    def build(self, cfg: config_mod.Config, device: Any, total: int | None = None,
-              seed: int = 0) -> Any:  # fmt: skip
+    def build(
+        self, cfg: config_mod.Config, device: Any, total: int | None = None, seed: int = 0
+    ) -> Any:
         """The state on `device` (`total` bytes of it for a rank's shard), random bits."""
         import torch
 
@@ -37,11 +38,17 @@ class Workload:
 
         if self.model is None:
             size = self.total_bytes if total is None else total
-            return synthetic_state(size, min(self.tensor_bytes, size), getattr(torch, cfg.dtype),
-                                   device, cfg.seed + seed)  # fmt: skip
+            return synthetic_state(
+                size,
+                min(self.tensor_bytes, size),
+                getattr(torch, cfg.dtype),
+                device,
+                cfg.seed + seed,
+            )
         m = self.model
-        return model_state(m.preset, device, getattr(torch, m.dtype), m.optimizer, m.world_size,
-                           m.rank, cfg.seed)  # fmt: skip
+        return model_state(
+            m.preset, device, getattr(torch, m.dtype), m.optimizer, m.world_size, m.rank, cfg.seed
+        )
 
 
 def workloads(cfg: config_mod.Config) -> list[Workload]:
@@ -101,8 +108,13 @@ def checkpoint_name(run_id: str, key: tuple[str, bool, int]) -> str:
     return f"ckptbench-{run_id}-{case_id}-{'w' if warm else 'r'}{rep}"
 
 
-def check_space(cfg: config_mod.Config, targets: list[str], wls: list[Workload],
-                engines: list[str], scale: int = 1) -> None:  # fmt: skip
+def check_space(
+    cfg: config_mod.Config,
+    targets: list[str],
+    wls: list[Workload],
+    engines: list[str],
+    scale: int = 1,
+) -> None:
     """Enough free space on every target for the largest checkpoint it will hold at once.
 
     Target i holds a stripe 1/N of a checkpoint over N targets (the smallest N that includes it);

@@ -15,15 +15,52 @@ import uuid
 from typing import Any
 
 COLUMNS = [
-    "run_id", "case_id", "engine", "device", "emulated", "gds_mode", "workload",
-    "total_bytes", "tensor_bytes", "n_tensors", "n_targets", "targets_used", "rep", "warmup",
-    "stall_s", "persist_s", "total_s", "restore_s", "hash_s", "wait_prev_s",
-    "pinned_bytes", "page_cache_peak_bytes", "rss_peak_bytes", "cpu_user_s", "cpu_sys_s",
-    "checksums", "staging_grew", "copied_tensors", "cache_dropped", "dtype", "options", "capped",
-    "persist_efficiency", "snapshot_efficiency", "verified", "error",
-    "rank", "world_size", "node", "node_rank", "aggregate", "ranks_active", "target_map",
-    "io_detail", "restore_mode",
-]  # fmt: skip
+    "run_id",
+    "case_id",
+    "engine",
+    "device",
+    "emulated",
+    "gds_mode",
+    "workload",
+    "total_bytes",
+    "tensor_bytes",
+    "n_tensors",
+    "n_targets",
+    "targets_used",
+    "rep",
+    "warmup",
+    "stall_s",
+    "persist_s",
+    "total_s",
+    "restore_s",
+    "hash_s",
+    "wait_prev_s",
+    "pinned_bytes",
+    "page_cache_peak_bytes",
+    "rss_peak_bytes",
+    "cpu_user_s",
+    "cpu_sys_s",
+    "checksums",
+    "staging_grew",
+    "copied_tensors",
+    "cache_dropped",
+    "dtype",
+    "options",
+    "capped",
+    "persist_efficiency",
+    "snapshot_efficiency",
+    "verified",
+    "error",
+    "rank",
+    "world_size",
+    "node",
+    "node_rank",
+    "aggregate",
+    "ranks_active",
+    "target_map",
+    "io_detail",
+    "restore_mode",
+]
 # io_detail: what the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's
 # settings, device/host/registered bytes, why a save was labelled compat); restore_mode: how the
 # restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`).
@@ -83,6 +120,6 @@ def write_json(path: str, data: Any) -> None:
 
 def read_rows(run_dir: str) -> Any:
     """results.csv of a run as a pandas DataFrame."""
-    import pandas as pd  # noqa: PLC0415 - analysis-only dependency at import time
+    import pandas as pd  # analysis-only dependency at import time
 
     return pd.read_csv(os.path.join(run_dir, "results.csv"))

@@ -17,8 +17,9 @@ from bench.engines import REGISTRY
 from bench.engines.traits import Traits
 
 
-def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None,
-               traits: Traits | None = None) -> tuple[Any, Any]:  # fmt: skip
+def efficiency(
+    row: dict[str, Any], ceilings: dict[str, Any] | None, traits: Traits | None = None
+) -> tuple[Any, Any]:
     """(persist, snapshot) efficiency of a row against the run's ceilings, or None.
 
     Persist: bytes / persist_s (total_s for the synchronous engines) over the ceiling of the
@@ -44,39 +45,88 @@ def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None,
 
 def tensor_stats(state: Any) -> tuple[int, int]:
     """(number of tensors, their bytes) of a state."""
-    from bench.manifest import flatten
+    from bench.tree import flatten
 
     _, tensors = flatten(state)
     return len(tensors), sum(t.numel() * t.element_size() for _, t in tensors)
 
 
-def new_row(cfg: Any, run_id: str, case_id: str, engine: str, eng: Any, device: Any, w: Any,
-            total: int, n_tensors: int, n_targets: int, warm: bool, rep: int,
-            cache_dropped: bool, capped: bool) -> dict[str, Any]:  # fmt: skip
+def new_row(
+    cfg: Any,
+    run_id: str,
+    case_id: str,
+    engine: str,
+    eng: Any,
+    device: Any,
+    w: Any,
+    total: int,
+    n_tensors: int,
+    n_targets: int,
+    warm: bool,
+    rep: int,
+    cache_dropped: bool,
+    capped: bool,
+) -> dict[str, Any]:
     """A result row with the case's identity filled and every measurement empty; a
     single-process row (rank 0 of 1 on this host)."""
     opts = getattr(eng, "options", None)
     return {
-        "run_id": run_id, "case_id": case_id, "engine": engine,
-        "device": device.kind, "emulated": device.emulated, "gds_mode": "none",
-        "workload": w.id, "total_bytes": total, "tensor_bytes": w.tensor_bytes,
-        "n_tensors": n_tensors, "n_targets": n_targets, "targets_used": 0, "rep": rep,
-        "warmup": warm, "stall_s": None, "persist_s": None, "total_s": None,
-        "restore_s": None, "hash_s": None, "wait_prev_s": None, "pinned_bytes": None,
-        "page_cache_peak_bytes": None, "rss_peak_bytes": None, "cpu_user_s": None,
-        "cpu_sys_s": None, "checksums": False, "staging_grew": False, "copied_tensors": 0,
-        "cache_dropped": cache_dropped, "dtype": cfg.dtype if w.model is None else w.model.dtype,
+        "run_id": run_id,
+        "case_id": case_id,
+        "engine": engine,
+        "device": device.kind,
+        "emulated": device.emulated,
+        "gds_mode": "none",
+        "workload": w.id,
+        "total_bytes": total,
+        "tensor_bytes": w.tensor_bytes,
+        "n_tensors": n_tensors,
+        "n_targets": n_targets,
+        "targets_used": 0,
+        "rep": rep,
+        "warmup": warm,
+        "stall_s": None,
+        "persist_s": None,
+        "total_s": None,
+        "restore_s": None,
+        "hash_s": None,
+        "wait_prev_s": None,
+        "pinned_bytes": None,
+        "page_cache_peak_bytes": None,
+        "rss_peak_bytes": None,
+        "cpu_user_s": None,
+        "cpu_sys_s": None,
+        "checksums": False,
+        "staging_grew": False,
+        "copied_tensors": 0,
+        "cache_dropped": cache_dropped,
+        "dtype": cfg.dtype if w.model is None else w.model.dtype,
         "options": json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}",
-        "capped": capped, "persist_efficiency": None, "snapshot_efficiency": None,
-        "verified": False, "error": "",
-        "rank": 0, "world_size": 1, "node": socket.gethostname(), "node_rank": 0,
-        "aggregate": False, "ranks_active": 1, "target_map": "",
-        "io_detail": "", "restore_mode": "",
-    }  # fmt: skip
+        "capped": capped,
+        "persist_efficiency": None,
+        "snapshot_efficiency": None,
+        "verified": False,
+        "error": "",
+        "rank": 0,
+        "world_size": 1,
+        "node": socket.gethostname(),
+        "node_rank": 0,
+        "aggregate": False,
+        "ranks_active": 1,
+        "target_map": "",
+        "io_detail": "",
+        "restore_mode": "",
+    }
 
 
-def save_phase(row: dict[str, Any], eng: Any, state: Any, name: str,
-               ceilings: dict[str, Any] | None, after_save: Any = None) -> None:  # fmt: skip
+def save_phase(
+    row: dict[str, Any],
+    eng: Any,
+    state: Any,
+    name: str,
+    ceilings: dict[str, Any] | None,
+    after_save: Any = None,
+) -> None:
     """Save `state` as `name` and wait until durable, sampling memory; fills the row's save
     columns. `after_save()`, if given, runs between save() returning and the wait (a hook for
     fault injection). Raises what the save raised."""
@@ -90,18 +140,33 @@ def save_phase(row: dict[str, Any], eng: Any, state: Any, name: str,
     finally:
         sample = sampler.stop()
     row.update(
-        gds_mode=res.gds_mode, targets_used=res.targets_used, stall_s=res.stall_s,
-        persist_s=res.persist_s, total_s=res.total_s, hash_s=res.hash_s,
-        wait_prev_s=res.wait_prev_s, pinned_bytes=eng.pinned_bytes,
-        checksums=res.checksums, staging_grew=res.staging_grew,
-        copied_tensors=res.copied_tensors, **dataclasses.asdict(sample),
+        gds_mode=res.gds_mode,
+        targets_used=res.targets_used,
+        stall_s=res.stall_s,
+        persist_s=res.persist_s,
+        total_s=res.total_s,
+        hash_s=res.hash_s,
+        wait_prev_s=res.wait_prev_s,
+        pinned_bytes=eng.pinned_bytes,
+        checksums=res.checksums,
+        staging_grew=res.staging_grew,
+        copied_tensors=res.copied_tensors,
+        **dataclasses.asdict(sample),
         io_detail=json.dumps(res.extra, sort_keys=True) if res.extra else "",
-    )  # fmt: skip
+    )
     row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
 
 
-def restore_phase(row: dict[str, Any], eng: Any, engine: str, state: Any, name: str,
-                  device: Any, check: bool, load: Any = None) -> None:  # fmt: skip
+def restore_phase(
+    row: dict[str, Any],
+    eng: Any,
+    engine: str,
+    state: Any,
+    name: str,
+    device: Any,
+    check: bool,
+    load: Any = None,
+) -> None:
     """Evict the checkpoint's pages, restore it (timed) and, if `check`, compare it with the
     source byte for byte; fills restore_s, verified and (on a difference) error. `load(name,
     device)` replaces `eng.load` (bench.distributed checks the world size first)."""
@@ -166,19 +231,28 @@ def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None
         total_bytes=sum(int(r["total_bytes"]) for r in rows),
         n_tensors=sum(int(r["n_tensors"]) for r in rows),
         targets_used=sum(int(r["targets_used"] or 0) for r in rows),
-        stall_s=top("stall_s"), total_s=top("total_s"), restore_s=top("restore_s"),
-        hash_s=top("hash_s"), wait_prev_s=top("wait_prev_s"),
-        pinned_bytes=total("pinned_bytes"), rss_peak_bytes=total("rss_peak_bytes"),
-        cpu_user_s=total("cpu_user_s"), cpu_sys_s=total("cpu_sys_s"),
+        stall_s=top("stall_s"),
+        total_s=top("total_s"),
+        restore_s=top("restore_s"),
+        hash_s=top("hash_s"),
+        wait_prev_s=top("wait_prev_s"),
+        pinned_bytes=total("pinned_bytes"),
+        rss_peak_bytes=total("rss_peak_bytes"),
+        cpu_user_s=total("cpu_user_s"),
+        cpu_sys_s=total("cpu_sys_s"),
         copied_tensors=sum(int(r["copied_tensors"] or 0) for r in rows),
         checksums=all(bool(r["checksums"]) for r in rows),
         staging_grew=any(bool(r["staging_grew"]) for r in rows),
         cache_dropped=all(bool(r["cache_dropped"]) for r in rows),
         capped=any(bool(r["capped"]) for r in rows),
-        persist_efficiency=None, snapshot_efficiency=None,
+        persist_efficiency=None,
+        snapshot_efficiency=None,
         verified=all(bool(r["verified"]) for r in rows),
-        rank=-1, node="", node_rank=-1, aggregate=True,
-    )  # fmt: skip
+        rank=-1,
+        node="",
+        node_rank=-1,
+        aggregate=True,
+    )
     out["persist_s"] = (
         out["total_s"] - out["stall_s"]
         if out["total_s"] is not None and out["stall_s"] is not None

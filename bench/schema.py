@@ -19,10 +19,24 @@ from bench.errors import UserError
 # torch's dtypes by name, with their element sizes (tests/test_config.py checks them against
 # torch): configs name dtypes, and validating one must not import torch.
 DTYPES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4,
-    "uint64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}  # fmt: skip
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "complex128": 16,
+    "complex64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 
 
 def _size(v: Any) -> int:
@@ -78,8 +92,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def validation_error(e: ValidationError, where: str, model: type[BaseModel] | None = None,
-                     path: str = "") -> UserError:  # fmt: skip
+def validation_error(
+    e: ValidationError, where: str, model: type[BaseModel] | None = None, path: str = ""
+) -> UserError:
     """pydantic's first error as one line naming the key path (under `path`, and the value if
     ours did not); an unknown key of `model` itself lists the known ones."""
     err = e.errors()[0]
@@ -97,8 +112,9 @@ def validation_error(e: ValidationError, where: str, model: type[BaseModel] | No
     return UserError(f"{prefix}{key}: {msg}")
 
 
-def validated(model: type[BaseModel], raw: Any, where: str, check: Any = None,
-              path: str = "") -> Any:  # fmt: skip
+def validated(
+    model: type[BaseModel], raw: Any, where: str, check: Any = None, path: str = ""
+) -> Any:
     """`model(**raw)`, then `check(cfg)`; either's first error as one line prefixed by `where`
     (the keys of `raw` sit at `path` in the config)."""
     if not isinstance(raw, dict):

@@ -31,9 +31,17 @@ class Sweep:
     """Runs one sweep config as this rank: rank 0 of 1, or one rank of a torchrun job
     (`world` from bench.distributed, `ranked`: per-rank and aggregate rows)."""
 
-    def __init__(self, cfg: config_mod.Config, device: Any, out_root: str, *,
-                 world: Any = None, ranked: bool = False, quiet: bool = False,
-                 resume: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: config_mod.Config,
+        device: Any,
+        out_root: str,
+        *,
+        world: Any = None,
+        ranked: bool = False,
+        quiet: bool = False,
+        resume: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.device = device
         self.core = Core(cfg, device, out_root, world=world, quiet=quiet, resume=resume)
@@ -72,8 +80,14 @@ class Sweep:
         if self.ranked:
             w.barrier("the start")
             dist.same_config(cfg, w)
-            me = {"rank": w.rank, "local_rank": w.local_rank, "node_rank": w.node_rank,
-                  "host": w.host, "pid": os.getpid(), "device": str(self.device.torch_device)}  # fmt: skip
+            me = {
+                "rank": w.rank,
+                "local_rank": w.local_rank,
+                "node_rank": w.node_rank,
+                "host": w.host,
+                "pid": os.getpid(),
+                "device": str(self.device.torch_device),
+            }
             self.table = w.all_gather(me, "the rank table")
             self.groups, self.layout, skipped = dist.plan_groups(cfg, self.spec, w.size, self.table)
             self.skipped_groups = skipped
@@ -96,13 +110,16 @@ class Sweep:
         per_wl = sum(len(plan.engines_at(cfg, self.engines, g.n)) for g in self.groups)
         n_saves = per_wl * len(wls) * (cfg.warmups + cfg.repetitions)
         if self.ranked:
-            core.log(f"run {core.run_id}: {w.size} ranks, {n_saves} checkpoints (each by up to "
-                     f"{max(g.k for g in self.groups)} ranks at once) on {self.device.kind}; "
-                     f"results in {core.run_dir}")  # fmt: skip
+            core.log(
+                f"run {core.run_id}: {w.size} ranks, {n_saves} checkpoints (each by up to "
+                f"{max(g.k for g in self.groups)} ranks at once) on {self.device.kind}; "
+                f"results in {core.run_dir}"
+            )
         else:
-            core.log(f"run {core.run_id}: {n_saves} saves on {self.device.kind}; results in "
-                     f"{core.run_dir}" + (f" ({len(self.done)} already recorded)" if self.done
-                                          else ""))  # fmt: skip
+            core.log(
+                f"run {core.run_id}: {n_saves} saves on {self.device.kind}; results in "
+                f"{core.run_dir}" + (f" ({len(self.done)} already recorded)" if self.done else "")
+            )
         core.progress(n_saves, "ckpt" if self.ranked else "save", len(self.done))
         try:
             for g in self.groups:
@@ -150,8 +167,9 @@ class Sweep:
         core = self.core
         if self.ranked and core.resume:
             dist.check_resume_world(core.resume, self.world.size)
-        core.open(config_mod.resolved(self.cfg), self.targets[: max(self.cfg.ssd_counts)],
-                  self.engines)  # fmt: skip
+        core.open(
+            config_mod.resolved(self.cfg), self.targets[: max(self.cfg.ssd_counts)], self.engines
+        )
         done: list[tuple[str, bool, int]] = []
         if core.resume:
             rows_ = results.read_rows(core.run_dir)
@@ -166,12 +184,21 @@ class Sweep:
         cfg, w, core = self.cfg, self.world, self.core
         node_env = w.agree(
             "the environment",
-            lambda: {"storage": env_mod.targets_info(self.targets[: max(cfg.ssd_counts)]),
-                     "cache_drop": measure.drop_page_cache()} if w.local_rank == 0 else None,
-        )  # fmt: skip
+            lambda: (
+                {
+                    "storage": env_mod.targets_info(self.targets[: max(cfg.ssd_counts)]),
+                    "cache_drop": measure.drop_page_cache(),
+                }
+                if w.local_rank == 0
+                else None
+            ),
+        )
         nodes = w.all_gather(node_env, "the environment")
-        drops = {(self.table[r]["node_rank"] if self.ranked else 0): n["cache_drop"]
-                 for r, n in enumerate(nodes) if n}  # fmt: skip
+        drops = {
+            (self.table[r]["node_rank"] if self.ranked else 0): n["cache_drop"]
+            for r, n in enumerate(nodes)
+            if n
+        }
         self.cache_dropped = drops.get(w.node_rank) is None
         for node, why in sorted(drops.items()):
             if why:
@@ -194,9 +221,11 @@ class Sweep:
                     "baselines)"
                 )
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
-        ceil = w.agree("the ceilings",
-                       (lambda: self._ceilings(wls)) if measure_now else (lambda: None),
-                       timeout_s=dist.SETUP_TIMEOUT_S)  # fmt: skip
+        ceil = w.agree(
+            "the ceilings",
+            (lambda: self._ceilings(wls)) if measure_now else (lambda: None),
+            timeout_s=dist.SETUP_TIMEOUT_S,
+        )
         if w.rank == 0:
             if ceil is not None:
                 envb["ceilings"] = ceil
@@ -225,9 +254,18 @@ class Sweep:
             tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
             core.log(f"measuring device ceilings (storage with {tool}, memory copy)")
             drop = measure.drop_page_cache if self.cache_dropped else None
-            out = ceiling.measure(self.targets, cfg.ssd_counts, largest, block, spec.queue_depth,
-                                  self.device, use_fio=spec.tool != "builtin", drop=drop,
-                                  caps=cfg.target_caps(), repetitions=spec.repetitions)  # fmt: skip
+            out = ceiling.measure(
+                self.targets,
+                cfg.ssd_counts,
+                largest,
+                block,
+                spec.queue_depth,
+                self.device,
+                use_fio=spec.tool != "builtin",
+                drop=drop,
+                caps=cfg.target_caps(),
+                repetitions=spec.repetitions,
+            )
             if drop:
                 drop()
             return out
@@ -255,8 +293,12 @@ class Sweep:
         engines = w.agree(f"the engines of {g.key}", make)
         try:
             for wl in wls:
-                todo = [(i, e) for i in range(cfg.warmups + cfg.repetitions) for e in names
-                        if plan.case_key(wl, g, e, i, cfg.warmups) not in self.done]  # fmt: skip
+                todo = [
+                    (i, e)
+                    for i in range(cfg.warmups + cfg.repetitions)
+                    for e in names
+                    if plan.case_key(wl, g, e, i, cfg.warmups) not in self.done
+                ]
                 if not todo:
                     continue
                 if self.core.bar is not None:
@@ -284,8 +326,9 @@ class Sweep:
             eng.warm(state)
         return state
 
-    def _case(self, g: plan.Group, wl: plan.Workload, engine: str, eng: Any, state: Any,
-              i: int) -> None:  # fmt: skip
+    def _case(
+        self, g: plan.Group, wl: plan.Workload, engine: str, eng: Any, state: Any, i: int
+    ) -> None:
         """One repetition on every rank: aligned save, aligned restore, rows to rank 0."""
         cfg, w, core = self.cfg, self.world, self.core
         key = plan.case_key(wl, g, engine, i, cfg.warmups)
@@ -299,12 +342,32 @@ class Sweep:
             caps = cfg.target_caps()
             capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
             n_tensors, total = rows.tensor_stats(state)
-            row = rows.new_row(cfg, core.run_id, case_id, engine, eng, self.device, wl, total,
-                               n_tensors, g.n, warm, rep, self.cache_dropped, capped)  # fmt: skip
+            row = rows.new_row(
+                cfg,
+                core.run_id,
+                case_id,
+                engine,
+                eng,
+                self.device,
+                wl,
+                total,
+                n_tensors,
+                g.n,
+                warm,
+                rep,
+                self.cache_dropped,
+                capped,
+            )
             if self.ranked:
-                row.update(tensor_bytes=min(wl.tensor_bytes, total), rank=w.rank,
-                           world_size=w.size, node=w.host, node_rank=w.node_rank,
-                           ranks_active=g.k, target_map=g.label)  # fmt: skip
+                row.update(
+                    tensor_bytes=min(wl.tensor_bytes, total),
+                    rank=w.rank,
+                    world_size=w.size,
+                    node=w.host,
+                    node_rank=w.node_rank,
+                    ranks_active=g.k,
+                    target_map=g.label,
+                )
         where = f"{case_id} {'warm-up' if warm else 'rep'} {rep}"
         try:
             w.barrier(f"the save of {where}")
@@ -335,8 +398,11 @@ class Sweep:
             core.write([rows.aggregate(got, self.ceilings)])
         if bad is not None:
             on = f" on rank {bad['rank']}" if self.ranked else ""
-            core.failed(f"case {case_id} rep {rep}{on}", bad["error"], case_id if not self.ranked
-                        else f"{case_id}, rank {bad['rank']}")  # fmt: skip
+            core.failed(
+                f"case {case_id} rep {rep}{on}",
+                bad["error"],
+                case_id if not self.ranked else f"{case_id}, rank {bad['rank']}",
+            )
 
     def _save(self, row: dict[str, Any], eng: Any, state: Any, name: str, g: plan.Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))
@@ -351,14 +417,26 @@ class Sweep:
                 self.core.warn(traceback.format_exc())
         self.saves += 1
 
-    def _restore(self, row: dict[str, Any], eng: Any, engine: str, state: Any, name: str,
-                 base: str, g: plan.Group) -> None:  # fmt: skip
+    def _restore(
+        self,
+        row: dict[str, Any],
+        eng: Any,
+        engine: str,
+        state: Any,
+        name: str,
+        base: str,
+        g: plan.Group,
+    ) -> None:
         w = self.world
-        load = (lambda n, device: dist.load_shard(eng, base, w.rank, g.k, device)) \
-            if self.ranked else None  # fmt: skip
+        load = (
+            (lambda n, device: dist.load_shard(eng, base, w.rank, g.k, device))
+            if self.ranked
+            else None
+        )
         try:
-            rows.restore_phase(row, eng, engine, state, name, self.device, self.cfg.verify,
-                               load=load)  # fmt: skip
+            rows.restore_phase(
+                row, eng, engine, state, name, self.device, self.cfg.verify, load=load
+            )
         except Exception as e:
             row["error"] = rows.error_text(e)
             if not isinstance(e, UserError | OSError):

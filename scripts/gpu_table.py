@@ -55,21 +55,27 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
         detail = json.loads(ok["io_detail"].fillna("").iloc[-1] or "{}")
         med = {c: statistics.median(ok[c]) for c in ("stall_s", "total_s", "restore_s")}
         gb = ok["total_bytes"].iloc[0]
-        out.append({
-            "workload": wl, "engine": eng, "n": len(ok),
-            "gds_mode": ok["gds_mode"].iloc[-1], "restore": ok["restore_mode"].iloc[-1],
-            "stall_s": round(med["stall_s"], 3), "durable_s": round(med["total_s"], 3),
-            "write_GBps": round(gb / med["total_s"] / 1e9, 2),
-            "restore_GBps": round(gb / med["restore_s"] / 1e9, 2),
-            "hash_s": round(statistics.median(ok["hash_s"].fillna(0)), 3),
-            "pinned_GiB": round(ok["pinned_bytes"].fillna(0).iloc[-1] / 2**30, 3),
-            "verified": bool(ok["verified"].astype(bool).all()),
-            "threads": detail.get("num_threads", ""),
-            "reg_GiB": round(detail.get("registered_bytes", 0) / 2**30, 2) if detail else "",
-            "host_B": detail.get("host_bytes", ""),
-            "pinned_seen": detail.get("staging_is_pinned", ""),
-            "why_compat": "; ".join(detail.get("compat_reasons", []))[:70],
-        })  # fmt: skip
+        out.append(
+            {
+                "workload": wl,
+                "engine": eng,
+                "n": len(ok),
+                "gds_mode": ok["gds_mode"].iloc[-1],
+                "restore": ok["restore_mode"].iloc[-1],
+                "stall_s": round(med["stall_s"], 3),
+                "durable_s": round(med["total_s"], 3),
+                "write_GBps": round(gb / med["total_s"] / 1e9, 2),
+                "restore_GBps": round(gb / med["restore_s"] / 1e9, 2),
+                "hash_s": round(statistics.median(ok["hash_s"].fillna(0)), 3),
+                "pinned_GiB": round(ok["pinned_bytes"].fillna(0).iloc[-1] / 2**30, 3),
+                "verified": bool(ok["verified"].astype(bool).all()),
+                "threads": detail.get("num_threads", ""),
+                "reg_GiB": round(detail.get("registered_bytes", 0) / 2**30, 2) if detail else "",
+                "host_B": detail.get("host_bytes", ""),
+                "pinned_seen": detail.get("staging_is_pinned", ""),
+                "why_compat": "; ".join(detail.get("compat_reasons", []))[:70],
+            }
+        )
     return pd.DataFrame(out)
 
 

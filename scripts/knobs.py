@@ -22,34 +22,75 @@ from bench.sweep import Sweep
 
 # knob -> (engine, [(label, [--set overrides])])
 KNOBS = {
-    "threads": ("cpu-single", [(f"threads_per_target={n}",
-                                [f"engine_options.cpu-single.threads_per_target={n}"])
-                               for n in (1, 2, 4, 8)]),
-    "chunk": ("cpu-single", [(f"chunk_bytes={c}", [f"engine_options.cpu-single.chunk_bytes={c}"])
-                             for c in ("4MiB", "16MiB", "32MiB", "64MiB")]),
-    "checksums": ("cpu-single", [(f"checksums={v}", [f"engine_options.cpu-single.checksums={v}"])
-                                 for v in ("true", "false")]),
-    "ring": ("cpu-single", [(f"staging_chunks={k}",
-                             [f"engine_options.cpu-single.staging_chunks={k}"])
-                            for k in (0, 16, 4, 2)]),
-    "fallocate": ("cpu-single", [(f"fallocate={v}", [f"engine_options.cpu-single.fallocate={v}"])
-                                 for v in ("false", "true", "false", "true")]),
-    "fallocate-threads": ("cpu-single", [(f"fallocate=true threads_per_target={n}",
-                                          ["engine_options.cpu-single.fallocate=true",
-                                           f"engine_options.cpu-single.threads_per_target={n}"])
-                                         for n in (1, 2, 4, 8)]),
-    "double-threads": ("cpu-double", [(f"threads_per_target={n}",
-                                       [f"engine_options.cpu-double.threads_per_target={n}"])
-                                      for n in (1, 2, 4)]),
-}  # fmt: skip
+    "threads": (
+        "cpu-single",
+        [
+            (f"threads_per_target={n}", [f"engine_options.cpu-single.threads_per_target={n}"])
+            for n in (1, 2, 4, 8)
+        ],
+    ),
+    "chunk": (
+        "cpu-single",
+        [
+            (f"chunk_bytes={c}", [f"engine_options.cpu-single.chunk_bytes={c}"])
+            for c in ("4MiB", "16MiB", "32MiB", "64MiB")
+        ],
+    ),
+    "checksums": (
+        "cpu-single",
+        [
+            (f"checksums={v}", [f"engine_options.cpu-single.checksums={v}"])
+            for v in ("true", "false")
+        ],
+    ),
+    "ring": (
+        "cpu-single",
+        [
+            (f"staging_chunks={k}", [f"engine_options.cpu-single.staging_chunks={k}"])
+            for k in (0, 16, 4, 2)
+        ],
+    ),
+    "fallocate": (
+        "cpu-single",
+        [
+            (f"fallocate={v}", [f"engine_options.cpu-single.fallocate={v}"])
+            for v in ("false", "true", "false", "true")
+        ],
+    ),
+    "fallocate-threads": (
+        "cpu-single",
+        [
+            (
+                f"fallocate=true threads_per_target={n}",
+                [
+                    "engine_options.cpu-single.fallocate=true",
+                    f"engine_options.cpu-single.threads_per_target={n}",
+                ],
+            )
+            for n in (1, 2, 4, 8)
+        ],
+    ),
+    "double-threads": (
+        "cpu-double",
+        [
+            (f"threads_per_target={n}", [f"engine_options.cpu-double.threads_per_target={n}"])
+            for n in (1, 2, 4)
+        ],
+    ),
+}
 
 
 def run_one(engine: str, sets: list[str], reps: int, size: str) -> dict[str, float]:
     cfg = config.load(
         "configs/ceiling.yaml",
-        [f"engines=[{engine}]", f"repetitions={reps}", "ceilings.enabled=false",
-         f"total_sizes=[{size}]", *sets],
-    )  # fmt: skip
+        [
+            f"engines=[{engine}]",
+            f"repetitions={reps}",
+            "ceilings.enabled=false",
+            f"total_sizes=[{size}]",
+            *sets,
+        ],
+    )
     run_dir = Sweep(cfg, devices.detect("host-emulated"), "results", quiet=True).run()
     df = results.read_rows(run_dir)
     df = df[~df["warmup"].astype(bool) & (df["error"].isna() | (df["error"] == ""))]
@@ -84,10 +125,13 @@ def main() -> int:
         engine, settings = KNOBS[knob]
         for label, sets in settings:
             r = run_one(engine, sets, a.reps, a.size)
-            print(f"| {engine} | {label} | {r['persist_GBps']:.2f} | {r['e2e_GBps']:.2f} | "
-                  f"{r['stall_s']:.3f} | "
-                  f"{r['total_s']:.3f} | {r['pinned_MiB']:.0f} | {r['hash_s']:.3f} | {r['n']} | "
-                  f"{r['run']} |", flush=True)  # fmt: skip
+            print(
+                f"| {engine} | {label} | {r['persist_GBps']:.2f} | {r['e2e_GBps']:.2f} | "
+                f"{r['stall_s']:.3f} | "
+                f"{r['total_s']:.3f} | {r['pinned_MiB']:.0f} | {r['hash_s']:.3f} | {r['n']} | "
+                f"{r['run']} |",
+                flush=True,
+            )
     return 0
 
 

@@ -207,8 +207,16 @@ class FakeCuFile:
         assert not self._closed, f"{op} on a closed file"
         memory, where, n = _parse(buf, size)
         kv = self.kv
-        call = Call(op, self.path, n, file_offset, memory, self._route(memory, n),
-                    kv.defaults.values["num_threads"], kv.defaults.values["task_size"])  # fmt: skip
+        call = Call(
+            op,
+            self.path,
+            n,
+            file_offset,
+            memory,
+            self._route(memory, n),
+            kv.defaults.values["num_threads"],
+            kv.defaults.values["task_size"],
+        )
         kv.calls.append(call)
         failing = kv.fail_on_call == len(kv.calls)
         error = OSError(5, "fake I/O error", self.path) if failing else None
@@ -228,13 +236,15 @@ class FakeCuFile:
         self.futures.append(fut)
         return fut
 
-    def pwrite(self, buf: Any, size: int | None = None, file_offset: int = 0,
-               task_size: int | None = None) -> FakeFuture:  # fmt: skip
+    def pwrite(
+        self, buf: Any, size: int | None = None, file_offset: int = 0, task_size: int | None = None
+    ) -> FakeFuture:
         assert "w" in self.flags, "pwrite on a file opened for reading"
         return self._io("pwrite", buf, size, file_offset)
 
-    def pread(self, buf: Any, size: int | None = None, file_offset: int = 0,
-              task_size: int | None = None) -> FakeFuture:  # fmt: skip
+    def pread(
+        self, buf: Any, size: int | None = None, file_offset: int = 0, task_size: int | None = None
+    ) -> FakeFuture:
         return self._io("pread", buf, size, file_offset)
 
     def close(self) -> None:
@@ -262,8 +272,13 @@ class FakeKvikio(types.ModuleType):
     CompatMode = CompatMode
     __version__ = "26.10.00"
 
-    def __init__(self, *, cufile_loads: bool = True, gds_available: bool = True,
-                 allow_compat_mode: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        cufile_loads: bool = True,
+        gds_available: bool = True,
+        allow_compat_mode: bool = True,
+    ) -> None:
         super().__init__("kvikio")
         self.cufile_loads = cufile_loads
         self.gds_available = gds_available
@@ -282,7 +297,7 @@ class FakeKvikio(types.ModuleType):
             properties=_Props(self), libcufile_version=lambda: (1, 15)
         )
 
-    def CuFile(self, file: Any, flags: str = "r") -> FakeCuFile:  # noqa: N802 - kvikio's name
+    def CuFile(self, file: Any, flags: str = "r") -> FakeCuFile:  # kvikio's name
         return FakeCuFile(self, file, flags)
 
     def memory_register(self, buf: Any) -> None:
@@ -343,8 +358,13 @@ class FakeDeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        return {"shape": (self.t.numel(),), "typestr": "|u1", "strides": None,
-                "data": (self.t.data_ptr(), False), "version": 3}  # fmt: skip
+        return {
+            "shape": (self.t.numel(),),
+            "typestr": "|u1",
+            "strides": None,
+            "data": (self.t.data_ptr(), False),
+            "version": 3,
+        }
 
 
 @dataclass
@@ -417,14 +437,14 @@ class FakeCudart:
         self.locked: dict[int, int] = {}  # address -> bytes
         self.calls: list[tuple[str, int, int]] = []
 
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
         self.calls.append(("register", ptr, size))
         if ptr in self.locked:
             return 712  # cudaErrorHostMemoryAlreadyRegistered
         self.locked[ptr] = size
         return 0
 
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+    def cudaHostUnregister(self, ptr: int) -> int:
         self.calls.append(("unregister", ptr, 0))
         if self.locked.pop(ptr, None) is None:
             return 713  # cudaErrorHostMemoryNotRegistered

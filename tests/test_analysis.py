@@ -31,7 +31,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
     return report.build(str(DEFAULT), str(tmp_path_factory.mktemp("report")))
 
 
-def labelled(ax) -> list:  # noqa: ANN001 - a matplotlib Axes
+def labelled(ax) -> list:  # a matplotlib Axes
     return [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
 
 
@@ -61,8 +61,13 @@ def test_load_sets_aside_warmups(run: runs.Run) -> None:
     assert run.engines == ENGINES
     assert run.emulated and run.shared_device
     assert set(run.ok["label"]) == {f"{e} [emulated]" for e in ENGINES}
-    assert run.gds_modes() == {"gds": "emulated", "cpu-double": "none", "cpu-single": "none",
-                               "torch-save": "none", "dcp": "none"}  # fmt: skip
+    assert run.gds_modes() == {
+        "gds": "emulated",
+        "cpu-double": "none",
+        "cpu-single": "none",
+        "torch-save": "none",
+        "dcp": "none",
+    }
 
 
 def test_load_sets_aside_errors_and_unverified(tmp_path: Path) -> None:
@@ -100,21 +105,29 @@ def test_load_errors(tmp_path: Path) -> None:
 def test_summary_table_numbers(run: runs.Run) -> None:
     t = stats.summary_table(run)
     assert len(t) == 16  # 2 workloads x (5 engines at 1 SSD + 3 at 2 SSDs)
-    row = t[(t["workload"] == "synthetic-1GiB-256MiB") & (t["n_targets"] == 1)
-            & (t["engine"] == "cpu-single")].iloc[0]  # fmt: skip
+    row = t[
+        (t["workload"] == "synthetic-1GiB-256MiB")
+        & (t["n_targets"] == 1)
+        & (t["engine"] == "cpu-single")
+    ].iloc[0]
     # the three timed repetitions of that case in results.csv
     stalls = [0.084857, 0.098805, 0.091066]
     totals = [0.388869, 0.415854, 0.419593]
     assert row["n"] == 3
     assert row["mode"] == "emulated"
     assert row["stall_s"] == pytest.approx(0.091066, abs=1e-6)
-    assert row["stall_iqr"] == pytest.approx(pd.Series(stalls).quantile(0.75)
-                                             - pd.Series(stalls).quantile(0.25), abs=1e-6)  # fmt: skip
+    assert row["stall_iqr"] == pytest.approx(
+        pd.Series(stalls).quantile(0.75) - pd.Series(stalls).quantile(0.25), abs=1e-6
+    )
     assert row["total_s"] == pytest.approx(0.415854, abs=1e-6)
     assert row["write_GBps"] == pytest.approx(S / 0.415854 / 1e9, rel=1e-5)
     assert row["write_iqr"] == pytest.approx(
-        (pd.Series([S / x / 1e9 for x in totals]).quantile(0.75)
-         - pd.Series([S / x / 1e9 for x in totals]).quantile(0.25)), rel=1e-5)  # fmt: skip
+        (
+            pd.Series([S / x / 1e9 for x in totals]).quantile(0.75)
+            - pd.Series([S / x / 1e9 for x in totals]).quantile(0.25)
+        ),
+        rel=1e-5,
+    )
     assert row["pinned_x"] == pytest.approx(1.0)
     # torch-save on that workload: median stall 2.263276 s (0.906677, 2.263276, 2.298649)
     assert row["speedup_stall"] == pytest.approx(2.263276 / 0.091066, rel=1e-5)
@@ -162,17 +175,27 @@ def test_device_ceiling_shapes(ceilings: dict) -> None:
     assert stats.device_ceiling(env, "direct_write_Bps", 1, shared=False) == 2e9
     assert stats.device_ceiling(env, "direct_write_Bps", 2, shared=True) == 2e9
     two = stats.device_ceiling(env, "direct_write_Bps", 2, shared=False)
-    assert two == (4e9 if "direct_write_Bps" in ceilings and not isinstance(
-        ceilings["direct_write_Bps"], list) else 5e9)  # fmt: skip
+    assert two == (
+        4e9
+        if "direct_write_Bps" in ceilings and not isinstance(ceilings["direct_write_Bps"], list)
+        else 5e9
+    )
     assert stats.device_ceiling(env, "buffered_write_Bps", 1, shared=False) is None
     assert stats.device_ceiling({}, "direct_write_Bps", 1, shared=False) is None
 
 
 def test_device_ceiling_per_ssd_count() -> None:
     # the shape bench/ceiling.py writes: aggregates measured with n targets at once
-    env = {"ceilings": {"tool": "builtin", "copy_Bps": 9e9,
-                        "per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9},
-                                          "2": {"direct_write_Bps": 2.5e9}}}}  # fmt: skip
+    env = {
+        "ceilings": {
+            "tool": "builtin",
+            "copy_Bps": 9e9,
+            "per_ssd_count": {
+                "1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9},
+                "2": {"direct_write_Bps": 2.5e9},
+            },
+        }
+    }
     assert stats.device_ceiling(env, "direct_write_Bps", 1, shared=True) == 2e9
     assert stats.device_ceiling(env, "direct_write_Bps", 2, shared=True) == 2.5e9
     assert stats.device_ceiling(env, "buffered_write_Bps", 2, shared=True) is None
@@ -207,8 +230,10 @@ def test_bandwidth_figure(run: runs.Run) -> None:
     fig = figures.bandwidth_vs_tensor_size(run)
     axes = fig.get_axes()
     assert len(axes) == 2
-    assert [ax.get_ylabel() for ax in axes] == ["write bandwidth to durability (GB/s)",
-                                                "restore bandwidth (GB/s)"]  # fmt: skip
+    assert [ax.get_ylabel() for ax in axes] == [
+        "write bandwidth to durability (GB/s)",
+        "restore bandwidth (GB/s)",
+    ]
     for ax in axes:
         assert ax.get_xlabel() == "tensor size (log scale)"
         assert ax.get_xscale() == "log"
@@ -226,8 +251,10 @@ def test_bandwidth_figure(run: runs.Run) -> None:
 def test_stall_figure_has_model_beside_measurement(run: runs.Run) -> None:
     fig = figures.stall_vs_ssds(run, model.from_run(run))
     axes = [ax for ax in fig.get_axes() if ax.get_visible()]
-    assert [ax.get_title() for ax in axes] == ["synthetic-1GiB-4MiB (1GiB)",
-                                               "synthetic-1GiB-256MiB (1GiB)"]  # fmt: skip
+    assert [ax.get_title() for ax in axes] == [
+        "synthetic-1GiB-4MiB (1GiB)",
+        "synthetic-1GiB-256MiB (1GiB)",
+    ]
     for ax in axes:
         assert ax.get_xlabel() == "SSDs (targets)"
         assert ax.get_yscale() == "log"
@@ -262,8 +289,13 @@ def test_feasibility_figure(run: runs.Run) -> None:
     assert ax.get_xlabel() == "SSDs per GPU, n"
     assert ax.get_ylabel() == "GDS stall / CPU-centric stall (log scale)"
     lines = labelled(ax)
-    assert [ln.get_label() for ln in lines] == ["a100-gen4", "dgx-h100-gen4", "dgx-h100-gen5",
-                                                "nd-h200-v5", "this-machine (one shared device)"]  # fmt: skip
+    assert [ln.get_label() for ln in lines] == [
+        "a100-gen4",
+        "dgx-h100-gen4",
+        "dgx-h100-gen5",
+        "nd-h200-v5",
+        "this-machine (one shared device)",
+    ]
     h100 = lines[1]
     assert h100.get_ydata()[0] == pytest.approx(52.77 / 3.8)
     # break-even annotations, one per profile that breaks even within 20 SSDs
@@ -282,8 +314,15 @@ def test_timeline_figure(run: runs.Run) -> None:
     assert "synthetic-1GiB-256MiB, 1 target(s)" in ax.get_title()
 
     def row(y: int) -> list:  # the full-height bars of one engine, left to right
-        return sorted((p for p in ax.patches if abs(p.get_y() + p.get_height() / 2 - y) < 1e-9
-                       and p.get_height() == pytest.approx(0.6)), key=lambda p: p.get_x())  # fmt: skip
+        return sorted(
+            (
+                p
+                for p in ax.patches
+                if abs(p.get_y() + p.get_height() / 2 - y) < 1e-9
+                and p.get_height() == pytest.approx(0.6)
+            ),
+            key=lambda p: p.get_x(),
+        )
 
     # cpu-single (row 3 from the bottom): its median repetition by total_s has total_s
     # 0.415854 and stall_s 0.098805; persist runs from the stall to the total
@@ -345,8 +384,10 @@ def test_report_md_content(built: report.Report) -> None:
     assert "| this-machine | 8.61 | 3.02 | 1 | 2.85 | never (one shared device) |" in md
     assert "No device ceilings in env.json: no efficiency column." in md
     # the summary row checked number by number in test_summary_table_numbers
-    assert ("| synthetic-1GiB-256MiB | 1 | cpu-single | EMULATED | 3 | 2.58 | 0.10 | 0.0911 | "
-            "0.007 | 0.416 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |") in md  # fmt: skip
+    assert (
+        "| synthetic-1GiB-256MiB | 1 | cpu-single | EMULATED | 3 | 2.58 | 0.10 | 0.0911 | "
+        "0.007 | 0.416 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |"
+    ) in md
     for stem in figures.FIGURES:
         assert f"({stem}.png)" in md
     assert "| gds | S / min(L, W(n)) | = stall | 0 |" in md
@@ -358,9 +399,11 @@ def test_report_md_content(built: report.Report) -> None:
 
 def test_report_summary_csv_matches_table(built: report.Report, run: runs.Run) -> None:
     csv = pd.read_csv(Path(built.outdir) / "summary.csv")
-    pd.testing.assert_frame_equal(csv[["workload", "n_targets", "engine", "n"]],
-                                  stats.summary_table(run)[["workload", "n_targets", "engine", "n"]],
-                                  check_dtype=False)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        csv[["workload", "n_targets", "engine", "n"]],
+        stats.summary_table(run)[["workload", "n_targets", "engine", "n"]],
+        check_dtype=False,
+    )
     assert csv["stall_s"].tolist() == pytest.approx(built.summary["stall_s"].tolist())
 
 

@@ -114,6 +114,10 @@ def test_caps_in_config(tmp_path):
         UserError, match=r"targets\.1\.max_write_bw: cannot read '1 furlong/s' as a bandwidth"
     ):
         config.from_dict(
-            {"engines": ["cpu-single"], "total_sizes": ["8MiB"], "tensor_sizes": ["1MiB"],
-             "targets": ["a", {"path": "b", "max_write_bw": "1 furlong/s"}]}
-        )  # fmt: skip
+            {
+                "engines": ["cpu-single"],
+                "total_sizes": ["8MiB"],
+                "tensor_sizes": ["1MiB"],
+                "targets": ["a", {"path": "b", "max_write_bw": "1 furlong/s"}],
+            }
+        )

@@ -54,8 +54,17 @@ def test_probe_honours_write_caps(scratch: Path, write) -> None:
 def test_measure_repeats_and_takes_the_median(scratch: Path) -> None:
     dirs = _dirs(scratch, 2)
     drops = []
-    out = ceiling.measure(dirs, [1, 2], 8 * MiB, MiB, 4, devices.detect("host-emulated"),
-                          use_fio=False, drop=lambda: drops.append(1), repetitions=3)  # fmt: skip
+    out = ceiling.measure(
+        dirs,
+        [1, 2],
+        8 * MiB,
+        MiB,
+        4,
+        devices.detect("host-emulated"),
+        use_fio=False,
+        drop=lambda: drops.append(1),
+        repetitions=3,
+    )
     assert out["tool"] == "builtin" and out["repetitions"] == 3 and out["block_bytes"] == MiB
     assert set(out["per_ssd_count"]) == {"1", "2"}
     for row in out["per_ssd_count"].values():
@@ -70,10 +79,18 @@ def test_measure_repeats_and_takes_the_median(scratch: Path) -> None:
 
 
 def test_efficiency_of_a_row() -> None:
-    c = {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}},
-         "copy_Bps": 10e9}  # fmt: skip
-    row = {"engine": "cpu-single", "n_targets": 1, "total_bytes": 1e9, "total_s": 1.0,
-           "persist_s": 0.9, "stall_s": 0.1}  # fmt: skip
+    c = {
+        "per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}},
+        "copy_Bps": 10e9,
+    }
+    row = {
+        "engine": "cpu-single",
+        "n_targets": 1,
+        "total_bytes": 1e9,
+        "total_s": 1.0,
+        "persist_s": 0.9,
+        "stall_s": 0.1,
+    }
     # persist 1e9 / 0.9 s over 2 GB/s; snapshot 1e9 / 0.1 s over 10 GB/s
     assert rows.efficiency(row, c) == (round(1 / 0.9 / 2, 4), 1.0)
     row = {**row, "engine": "cpu-double"}

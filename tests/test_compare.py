@@ -30,8 +30,12 @@ def timed(run: Path) -> pd.DataFrame:
     return df[~df["warmup"]]
 
 
-def edited_copy(tmp_path: Path, rows: dict[str, str] | None = None, gds_mode: str | None = None,
-                device: dict | None = None) -> str:  # fmt: skip
+def edited_copy(
+    tmp_path: Path,
+    rows: dict[str, str] | None = None,
+    gds_mode: str | None = None,
+    device: dict | None = None,
+) -> str:
     out = tmp_path / "edited"
     shutil.copytree(B, out)
     df = pd.read_csv(out / "results.csv", keep_default_na=False, dtype=str)
@@ -86,8 +90,11 @@ def test_differences_are_warned(ab: compare.Comparison) -> None:
 
 
 def test_refuses_emulated_against_real(tmp_path: Path) -> None:
-    real = edited_copy(tmp_path, rows={"device": "cuda", "emulated": "False"},
-                       device={"kind": "cuda", "emulated": False})  # fmt: skip
+    real = edited_copy(
+        tmp_path,
+        rows={"device": "cuda", "emulated": "False"},
+        device={"kind": "cuda", "emulated": False},
+    )
     with pytest.raises(UserError) as e:
         compare.compare([str(A), real])
     msg = str(e.value)
@@ -120,8 +127,12 @@ def test_no_shared_case_and_bad_args(tmp_path: Path) -> None:
 
 def test_write_files_and_figure(ab: compare.Comparison, tmp_path: Path) -> None:
     paths = compare.write(ab, str(tmp_path))
-    assert sorted(Path(p).name for p in paths) == ["compare.csv", "compare.md",
-                                                   "compare_bandwidth.pdf", "compare_bandwidth.png"]  # fmt: skip
+    assert sorted(Path(p).name for p in paths) == [
+        "compare.csv",
+        "compare.md",
+        "compare_bandwidth.pdf",
+        "compare_bandwidth.png",
+    ]
     md = (tmp_path / "compare.md").read_text()
     assert "Host-emulated rows (no GPU)" in md
     assert "| B | gds | synthetic-64MiB-16MiB | 1 | EMULATED | EMULATED | 5 | 5 |" in md
@@ -142,8 +153,11 @@ def test_cli_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "B better" in out and "not significant" in out
     assert "differences are outside the noise" in out
-    real = edited_copy(tmp_path, device={"kind": "cuda", "emulated": False},
-                       rows={"device": "cuda", "emulated": "False"})  # fmt: skip
+    real = edited_copy(
+        tmp_path,
+        device={"kind": "cuda", "emulated": False},
+        rows={"device": "cuda", "emulated": "False"},
+    )
     assert main(["compare", str(A), real, "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ckptbench: error: runs not comparable: ") and err.count("\n") == 1

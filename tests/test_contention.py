@@ -45,10 +45,15 @@ def test_table_medians_from_aggregate_rows(run: runs.Run) -> None:
     prof = model.from_run(run)
     t = contention.table(run, prof)
     assert len(t) == 2 * 5
-    row = t[(t["engine"] == "cpu-single") & (t["target_map"] == "shared")
-            & (t["ranks_active"] == 4)].iloc[0]  # fmt: skip
-    agg = run.ranked[run.ranked["aggregate"] & (run.ranked["engine"] == "cpu-single")
-                     & (run.ranked["target_map"] == "shared") & (run.ranked["ranks_active"] == 4)]  # fmt: skip
+    row = t[
+        (t["engine"] == "cpu-single") & (t["target_map"] == "shared") & (t["ranks_active"] == 4)
+    ].iloc[0]
+    agg = run.ranked[
+        run.ranked["aggregate"]
+        & (run.ranked["engine"] == "cpu-single")
+        & (run.ranked["target_map"] == "shared")
+        & (run.ranked["ranks_active"] == 4)
+    ]
     assert row["stall_s"] == pytest.approx(agg["stall_s"].median())
     assert row["agg_GBps"] == pytest.approx((agg["total_bytes"] / agg["total_s"]).median() / 1e9)
     assert row["g"] == 4 and row["shard_bytes"] == 128 * 2**20
@@ -62,8 +67,9 @@ def test_notes_give_aggregate_bandwidth_against_one_rank(run: runs.Run) -> None:
     notes = contention.notes(t)
     assert len(notes) == 2
     one = t[(t["engine"] == "gds") & (t["ranks_active"] == 1)]["agg_GBps"].iloc[0]
-    four = t[(t["engine"] == "gds") & (t["ranks_active"] == 4)
-             & (t["target_map"] == "shared")]["agg_GBps"].iloc[0]  # fmt: skip
+    four = t[(t["engine"] == "gds") & (t["ranks_active"] == 4) & (t["target_map"] == "shared")][
+        "agg_GBps"
+    ].iloc[0]
     gds = next(n for n in notes if n.startswith("gds, synthetic-512MiB-16MiB, 2 SSD(s): "))
     assert f"1 rank {one:.2f} GB/s" in gds
     assert f"4 ranks shared {four:.2f} GB/s = {four / one:.2f}x" in gds
@@ -99,8 +105,16 @@ def test_report_has_the_contention_section(run: runs.Run, tmp_path: Path) -> Non
 
 def test_predict_shared_by_hand() -> None:
     # b 10, C 20 GB/s; w 2 GB/s, 4 SSDs on the host; shard 8 GB
-    p = model.Profile("t", "", d2h_Bps=10e9, ssd_write_Bps=2e9, ssds_per_gpu=1,
-                      gpus_sharing_host=4, host_copy_Bps=20e9, size_bytes=8 * 10**9)  # fmt: skip
+    p = model.Profile(
+        "t",
+        "",
+        d2h_Bps=10e9,
+        ssd_write_Bps=2e9,
+        ssds_per_gpu=1,
+        gpus_sharing_host=4,
+        host_copy_Bps=20e9,
+        size_bytes=8 * 10**9,
+    )
     assert (p.host_gpus, p.host_ssds) == (4, 4)
     one = model.predict_shared(p, "gds", 1, 4)
     assert one.stall_s == pytest.approx(8 / 8)  # S / min(L, 4 w)
@@ -122,7 +136,7 @@ def test_predict_shared_by_hand() -> None:
 
 
 def test_cli_model_prints_the_sharing_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.cli import main  # noqa: PLC0415
+    from bench.cli import main
 
     assert main(["model", "dgx-h100-gen4"]) == 0
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ removal of the old generation) and a few after DONE. After each kill a reader mu
   come after the commit, the new one (always the new one once DONE was said);
 - "Y" untouched;
 - every file in X's directories either of the committed generation or a leftover that
-  `bench.manifest.leftovers` lists, all of one interrupted save;
+  `bench.generations.leftovers` lists, all of one interrupted save;
 - after the next save of "X", no leftovers and exactly the committed files.
 Children saving a fresh name "Zi" are killed midway too: the name must be reported incomplete
 (status and load), and a next save of it completes it and leaves no leftovers.
@@ -37,7 +37,7 @@ import pytest
 import torch
 from conftest import STRIPED_ENGINES
 
-from bench import manifest
+from bench import generations, manifest
 from bench.errors import UserError
 
 MiB = 1 << 20
@@ -146,7 +146,7 @@ def committed_files(m: manifest.Manifest, t: int) -> set[str]:
     """What target t holds for the committed checkpoint: its data file (if it has data), the
     record of the target list, and on the first target the manifest."""
     out = {m.files[t]["file"]} if t in m.files else set()
-    return out | {manifest.TARGETS_RECORD} | ({"manifest.json"} if t == 0 else set())
+    return out | {generations.TARGETS_RECORD} | ({"manifest.json"} if t == 0 else set())
 
 
 def check_directories(dirs: list[str], name: str, leftovers: list[str]) -> manifest.Manifest:
@@ -167,7 +167,7 @@ def check_directories(dirs: list[str], name: str, leftovers: list[str]) -> manif
 
 def check_exact(dirs: list[str], name: str) -> manifest.Manifest:
     """NAME holds exactly its committed generation: no leftovers, no marker."""
-    assert manifest.leftovers(dirs, name) == []
+    assert generations.leftovers(dirs, name) == []
     m = manifest.committed(dirs, name)
     assert m is not None
     for t, d in enumerate(dirs):
@@ -231,7 +231,7 @@ def test_sigkill_at_any_moment_keeps_the_committed_checkpoint(
             raise AssertionError(f"X ({which} generation) does not hold the state of its seed")
         setattr(counts, which, getattr(counts, which) + 1)
         assert not (done and which == "old"), "the save said DONE, but X is the old state"
-        leftovers = manifest.leftovers(dirs, "X")
+        leftovers = generations.leftovers(dirs, "X")
         ids = {save_id_of(p) for p in leftovers}
         check_directories(dirs, "X", leftovers)
         if which == "old":
@@ -260,12 +260,12 @@ def test_sigkill_at_any_moment_keeps_the_committed_checkpoint(
             eng.load(name)
         if status == "absent":
             assert "no complete checkpoint" in str(e.value)
-            assert manifest.leftovers(dirs, name) == []
+            assert generations.leftovers(dirs, name) == []
             return
         assert status == "incomplete"
         counts.fresh_incomplete += 1
         assert f"checkpoint {name!r} is incomplete" in str(e.value)
-        leftovers = manifest.leftovers(dirs, name)
+        leftovers = generations.leftovers(dirs, name)
         assert leftovers and len({save_id_of(p) for p in leftovers}) == 1
         small = {"w": torch.arange(1000)}
         eng.save(small, name).wait()

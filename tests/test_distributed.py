@@ -67,8 +67,14 @@ def _raw(root: Path, **over: Any) -> dict[str, Any]:
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _run_dir(out: Path) -> Path:
@@ -117,23 +123,59 @@ def test_shards_add_up_to_the_total() -> None:
     assert distributed.shard_bytes(40, 3, 2, 4, "per_rank") == 40
 
 
-def _row(rank: int, node: int, stall: float, total: float, nbytes: int, cache: int,
-         error: str = "", verified: bool = True) -> dict[str, Any]:  # fmt: skip
+def _row(
+    rank: int,
+    node: int,
+    stall: float,
+    total: float,
+    nbytes: int,
+    cache: int,
+    error: str = "",
+    verified: bool = True,
+) -> dict[str, Any]:
     row = {c: None for c in results.COLUMNS}
-    row.update(run_id="r", case_id="c", engine="cpu-single", total_bytes=nbytes, n_tensors=2,
-               targets_used=2, stall_s=stall, persist_s=total - stall, total_s=total,
-               restore_s=total / 2, hash_s=0.01, wait_prev_s=0.0, pinned_bytes=nbytes,
-               page_cache_peak_bytes=cache, rss_peak_bytes=100, cpu_user_s=0.5, cpu_sys_s=0.25,
-               checksums=True, staging_grew=False, copied_tensors=0, cache_dropped=True,
-               capped=False, verified=verified, error=error, rank=rank, world_size=4,
-               node="h", node_rank=node, aggregate=False, ranks_active=3,
-               target_map="shared")  # fmt: skip
+    row.update(
+        run_id="r",
+        case_id="c",
+        engine="cpu-single",
+        total_bytes=nbytes,
+        n_tensors=2,
+        targets_used=2,
+        stall_s=stall,
+        persist_s=total - stall,
+        total_s=total,
+        restore_s=total / 2,
+        hash_s=0.01,
+        wait_prev_s=0.0,
+        pinned_bytes=nbytes,
+        page_cache_peak_bytes=cache,
+        rss_peak_bytes=100,
+        cpu_user_s=0.5,
+        cpu_sys_s=0.25,
+        checksums=True,
+        staging_grew=False,
+        copied_tensors=0,
+        cache_dropped=True,
+        capped=False,
+        verified=verified,
+        error=error,
+        rank=rank,
+        world_size=4,
+        node="h",
+        node_rank=node,
+        aggregate=False,
+        ranks_active=3,
+        target_map="shared",
+    )
     return row
 
 
 def test_aggregate_row_is_max_of_times_and_sum_of_bytes() -> None:
-    rows = [_row(0, 0, 0.1, 0.5, 4 * MiB, 10), _row(1, 0, 0.3, 0.4, 4 * MiB, 30),
-            _row(2, 1, 0.2, 0.9, 8 * MiB, 5)]  # fmt: skip
+    rows = [
+        _row(0, 0, 0.1, 0.5, 4 * MiB, 10),
+        _row(1, 0, 0.3, 0.4, 4 * MiB, 30),
+        _row(2, 1, 0.2, 0.9, 8 * MiB, 5),
+    ]
     agg = rowlib.aggregate(rows)
     assert set(agg) == set(results.COLUMNS)
     assert (agg["stall_s"], agg["total_s"], agg["restore_s"]) == (0.3, 0.9, 0.45)
@@ -148,8 +190,11 @@ def test_aggregate_row_is_max_of_times_and_sum_of_bytes() -> None:
 
 
 def test_a_failure_on_one_rank_fails_the_repetition_on_all() -> None:
-    rows = [_row(0, 0, 0.1, 0.5, MiB, 0), _row(1, 0, 0.1, 0.5, MiB, 0, error="OSError: disk full"),
-            _row(2, 0, 0.1, 0.5, MiB, 0, verified=False)]  # fmt: skip
+    rows = [
+        _row(0, 0, 0.1, 0.5, MiB, 0),
+        _row(1, 0, 0.1, 0.5, MiB, 0, error="OSError: disk full"),
+        _row(2, 0, 0.1, 0.5, MiB, 0, verified=False),
+    ]
     bad = rowlib.fail_together(rows, check=True)
     assert bad is rows[1]
     assert rows[0]["error"] == "failed on rank 1: OSError: disk full"
@@ -168,15 +213,17 @@ def test_monitored_barrier_errors_name_the_lost_ranks() -> None:
     assert distributed._lost_ranks("Rank 2 failed to pass monitoredBarrier in 5 ms") == [2]
     assert distributed._lost_ranks("Connection closed by peer") == []
     e = distributed.RankLost("the restore of c rep 0", [1], "x")
-    assert str(e) == ("rank 1 lost before the restore of c rep 0 (killed, crashed, or not there "
-                      "within the timeout)")  # fmt: skip
+    assert str(e) == (
+        "rank 1 lost before the restore of c rep 0 (killed, crashed, or not there "
+        "within the timeout)"
+    )
 
 
 def test_restore_with_another_world_size_is_refused(targets: Any) -> None:
     dirs = targets(2)
     eng = engines.create("cpu-double", dirs, chunk_bytes="1MiB")
     try:
-        import torch  # noqa: PLC0415
+        import torch
 
         state = {"w": torch.arange(1000, dtype=torch.float32)}
         distributed.save_shard(eng, state, "ck", 1, 2).wait()
@@ -195,16 +242,23 @@ def test_restore_with_another_world_size_is_refused(targets: Any) -> None:
 
 def test_config_ranks_section_is_strict() -> None:
     base = {"engines": ["cpu-single"], "total_sizes": ["8MiB"], "tensor_sizes": ["1MiB"]}
-    cfg = config.from_dict({**base, "ranks": {"nproc": 4, "mapping": "dedicated",
-                                              "dedicated_subfolders": True}})  # fmt: skip
+    cfg = config.from_dict(
+        {**base, "ranks": {"nproc": 4, "mapping": "dedicated", "dedicated_subfolders": True}}
+    )
     assert cfg.ranks is not None and cfg.ranks.mapping == ["dedicated"]
     assert cfg.ranks.active == [] and cfg.ranks.timeout_s == 60.0
     bad = [
-        ({"mapping": ["everywhere"]}, "ranks.mapping.0: Input should be 'shared', 'dedicated' or 'per_target'"),
+        (
+            {"mapping": ["everywhere"]},
+            "ranks.mapping.0: Input should be 'shared', 'dedicated' or 'per_target'",
+        ),
         ({"nproc": 2, "active": [4]}, "ranks.active: 4 ranks asked for, but ranks.nproc is 2"),
-        ({"dedicated_subfolders": True}, "ranks.dedicated_subfolders: applies to mapping dedicated"),
+        (
+            {"dedicated_subfolders": True},
+            "ranks.dedicated_subfolders: applies to mapping dedicated",
+        ),
         ({"timeot_s": 5}, "ranks.timeot_s: unknown key"),
-    ]  # fmt: skip
+    ]
     for ranks, msg in bad:
         with pytest.raises(UserError) as e:
             config.from_dict({**base, "ranks": ranks})
@@ -214,7 +268,7 @@ def test_config_ranks_section_is_strict() -> None:
 
 
 def test_nproc_below_one_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.cli import main  # noqa: PLC0415
+    from bench.cli import main
 
     assert main(["run", str(REPO / "configs" / "smoke.yaml"), "--nproc", "0"]) == 2
     assert capsys.readouterr().err == "ckptbench: error: --nproc: must be at least 1, got 0\n"
@@ -247,9 +301,15 @@ def two_ranks() -> Iterator[dict[str, Any]]:
     root = _scratch("two")
     try:
         _need_odirect(root)
-        cfg = _write_config(root, _raw(root, engines=["cpu-single", "cpu-double", "torch-save"],
-                                       warmups=1, ranks={"nproc": 1, "mapping": ["shared", "dedicated"],
-                                                         "active": [1, 2]}))  # fmt: skip
+        cfg = _write_config(
+            root,
+            _raw(
+                root,
+                engines=["cpu-single", "cpu-double", "torch-save"],
+                warmups=1,
+                ranks={"nproc": 1, "mapping": ["shared", "dedicated"], "active": [1, 2]},
+            ),
+        )
         out = root / "results"
         t0 = time.perf_counter()
         p = _run([sys.executable, "-m", "bench", "run", cfg, "--nproc", "2", "-o", str(out), "-q"])
@@ -318,13 +378,38 @@ def test_four_ranks_plain_torchrun_shared_and_subfolders() -> None:
     root = _scratch("four")
     try:
         _need_odirect(root)
-        cfg = _write_config(root, _raw(root, engines=["cpu-single", "gds"], total_sizes=["32MiB"],
-                                       ssd_counts=[1],
-                                       ranks={"nproc": 4, "mapping": ["shared", "dedicated"],
-                                              "dedicated_subfolders": True}))  # fmt: skip
+        cfg = _write_config(
+            root,
+            _raw(
+                root,
+                engines=["cpu-single", "gds"],
+                total_sizes=["32MiB"],
+                ssd_counts=[1],
+                ranks={
+                    "nproc": 4,
+                    "mapping": ["shared", "dedicated"],
+                    "dedicated_subfolders": True,
+                },
+            ),
+        )
         out = root / "results"
-        p = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                  "--nproc-per-node", "4", "-m", "bench", "run", cfg, "-o", str(out), "-q"])  # fmt: skip
+        p = _run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "4",
+                "-m",
+                "bench",
+                "run",
+                cfg,
+                "-o",
+                str(out),
+                "-q",
+            ]
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         run_dir = _run_dir(out)
         df = _rows(run_dir)
@@ -350,12 +435,15 @@ def test_failed_and_killed_ranks_fail_the_case_without_a_hang() -> None:
     root = _scratch("fault")
     try:
         timeout_s = 15
-        cfg = _write_config(root, _raw(root, engines=["cpu-double"], repetitions=3,
-                                       ranks={"timeout_s": timeout_s}))  # fmt: skip
+        cfg = _write_config(
+            root, _raw(root, engines=["cpu-double"], repetitions=3, ranks={"timeout_s": timeout_s})
+        )
         out = root / "results"
         t0 = time.perf_counter()
-        p = _run([sys.executable, "-m", "bench", "run", cfg, "-o", str(out), "-q"],
-                 env={distributed.FAULT_ENV: "error@1:0,kill@1:2"})  # fmt: skip
+        p = _run(
+            [sys.executable, "-m", "bench", "run", cfg, "-o", str(out), "-q"],
+            env={distributed.FAULT_ENV: "error@1:0,kill@1:2"},
+        )
         seconds = time.perf_counter() - t0
         assert p.returncode == 1, p.stderr[-3000:]
         assert seconds < timeout_s + 20
@@ -365,8 +453,11 @@ def test_failed_and_killed_ranks_fail_the_case_without_a_hang() -> None:
         assert set(df["case_id"]) == {case}
         r0 = df[df["rep"] == 0].set_index("rank")["error"]
         injected = "RuntimeError: injected fault: rank 1 fails save 0"
-        assert r0.to_dict() == {0: f"failed on rank 1: {injected}", 1: injected,
-                                -1: f"rank 1: {injected}"}  # fmt: skip
+        assert r0.to_dict() == {
+            0: f"failed on rank 1: {injected}",
+            1: injected,
+            -1: f"rank 1: {injected}",
+        }
         r1 = df[df["rep"] == 1]
         assert len(r1) == 3 and r1["verified"].all() and r1["error"].isna().all()
         r2 = df[df["rep"] == 2].set_index("rank")
@@ -395,14 +486,39 @@ def test_two_nodes_on_loopback() -> None:
         port = _free_port()
         procs = []
         for node in (0, 1):
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                   "--node-rank", str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test-{port}",
-                   "--rdzv-conf", f"is_host={1 - node}", "-m", "bench", "run", cfg, "-o",
-                   str(root / f"results-{node}"), "-q", "--set",
-                   f"scratch={root / f'node{node}'}"]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                f"test-{port}",
+                "--rdzv-conf",
+                f"is_host={1 - node}",
+                "-m",
+                "bench",
+                "run",
+                cfg,
+                "-o",
+                str(root / f"results-{node}"),
+                "-q",
+                "--set",
+                f"scratch={root / f'node{node}'}",
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
         outs = [p.communicate(timeout=JOB_TIMEOUT_S) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
         assert not (root / "results-1").exists()  # only rank 0 writes
@@ -415,8 +531,9 @@ def test_two_nodes_on_loopback() -> None:
         assert sorted(r["nodes"]) == ["0", "1"]
         # each node splits its own 2 targets among its 1 active rank: its own disks
         lay = r["layout"]["x2-dedicated-2r"]["targets"]
-        assert lay == {str(n): [str(root / f"node{n}" / f"target-{i}") for i in range(2)]
-                       for n in (0, 1)}  # fmt: skip
+        assert lay == {
+            str(n): [str(root / f"node{n}" / f"target-{i}") for i in range(2)] for n in (0, 1)
+        }
         paths = [t["path"] for t in r["nodes"]["1"]["storage"]["targets"]]
         assert paths == [str(root / "node1" / f"target-{i}") for i in range(2)]
     finally:

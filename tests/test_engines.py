@@ -350,9 +350,9 @@ def test_checksums_off(make_engine, targets, engine):
 
 
 def test_copy_tasks_split_large_and_batch_small_pairs():
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
-    from bench.engines.striped import copy_tasks  # noqa: PLC0415
+    from bench.engines.striped import copy_tasks
 
     sizes = [10, 3, 25, 0, 4, 4]
     pairs = [(np.zeros(n, np.uint8), np.full(n, i + 1, np.uint8)) for i, n in enumerate(sizes)]
@@ -371,8 +371,9 @@ def test_copy_tasks_split_large_and_batch_small_pairs():
 
 @pytest.mark.parametrize("copy_threads", [1, 3])
 @pytest.mark.parametrize("engine", SNAPSHOT)
-def test_parallel_snapshot_is_complete_when_save_returns(make_engine, targets, engine,
-                                                         copy_threads):  # fmt: skip
+def test_parallel_snapshot_is_complete_when_save_returns(
+    make_engine, targets, engine, copy_threads
+):
     """Several 8 MiB copy pieces over a thread pool: every byte is in staging when save()
     returns, so zeroing the tensors right after cannot reach the checkpoint."""
     state = {f"big{i}": random_tensor((7 * MiB + 13 * i,), torch.uint8, seed=i) for i in range(4)}

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from bench import config, devices, manifest, plan
+from bench import config, devices, generations, manifest, plan
 from bench.engines import create
 from bench.errors import UserError
 from bench.sweep import Sweep
@@ -96,7 +96,7 @@ def test_enospc_mid_write_removes_partial_files_and_keeps_the_old_checkpoint(
             eng.save(synthetic_state(32 * MiB, MiB, seed=2), "x").wait()
         assert err.value.errno == 28  # ENOSPC
         assert first_difference(old, eng.load("x")) is None
-        assert manifest.leftovers([str(t)], "x") == []
+        assert generations.leftovers([str(t)], "x") == []
         files = sorted(os.listdir(t / "x"))
         assert [f for f in files if f.startswith("data-")] == [
             manifest.data_file_name(0, manifest.committed([str(t)], "x").save_id)
@@ -197,10 +197,21 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
 
     # A changed config is refused; the same config finishes the run without redoing rows.
     changed = subprocess.run(
-        [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "--resume", str(csv.parent),
-         "--set", "repetitions=4"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "run",
+            str(cfg_path),
+            "-q",
+            "--resume",
+            str(csv.parent),
+            "--set",
+            "repetitions=4",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert changed.returncode == 2
     assert "the config changed since that run (repetitions: 3 then, 4 now)" in changed.stderr
     done = subprocess.run(
@@ -217,9 +228,13 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
 
 def test_resume_of_something_that_is_not_a_run(scratch):
     cfg = config.from_dict(
-        {"engines": ["cpu-single"], "total_sizes": ["8MiB"], "tensor_sizes": ["1MiB"],
-         "scratch": str(scratch / "tg")}
-    )  # fmt: skip
+        {
+            "engines": ["cpu-single"],
+            "total_sizes": ["8MiB"],
+            "tensor_sizes": ["1MiB"],
+            "scratch": str(scratch / "tg"),
+        }
+    )
     with pytest.raises(UserError, match=r"--resume .*: not a run directory"):
         Sweep(
             cfg, devices.detect("host-emulated"), str(scratch), quiet=True, resume=str(scratch)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
-from bench import ceiling, manifest, staging
+from bench import ceiling, checksums, staging
 from bench.devices import Device
 from bench.engines import gds, striped
 from bench.errors import ChecksumError, UserError
@@ -134,8 +134,9 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
         assert os.path.getsize(path) == m["files"][str(t)]["bytes"]
 
 
-def test_host_tensors_are_handed_to_kvikio_as_host_buffers(make_engine, targets, fake_kvikio,
-                                                          fake_cuda):  # fmt: skip
+def test_host_tensors_are_handed_to_kvikio_as_host_buffers(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
     """A torch CPU tensor has neither __cuda_array_interface__ nor the buffer protocol: handed
     to kvikio as it is, CuFile.pwrite raises TypeError (a model state's `step` crashed gds)."""
     fake = fake_kvikio()
@@ -145,16 +146,19 @@ def test_host_tensors_are_handed_to_kvikio_as_host_buffers(make_engine, targets,
     state = mixed_state(fake_cuda)
     state["opt"] = {"step": torch.tensor(1000.0), "lr": 3e-4}
     eng.save(state, "ckpt").wait()
-    assert_round_trip({k: v for k, v in eng.load("ckpt").items() if k != "opt"},
-                      {k: v for k, v in state.items() if k != "opt"})  # fmt: skip
+    assert_round_trip(
+        {k: v for k, v in eng.load("ckpt").items() if k != "opt"},
+        {k: v for k, v in state.items() if k != "opt"},
+    )
     assert eng.load("ckpt")["opt"]["lr"] == 3e-4
     assert torch.equal(eng.load("ckpt")["opt"]["step"], torch.tensor(1000.0))
     host_calls = [c for c in fake.calls if c.memory == "host"]
     assert sorted(c.size for c in host_calls) == [4, 4]
 
 
-def test_kvikio_thread_pool_is_sized_for_the_save_and_restored(make_engine, targets, fake_kvikio,
-                                                              fake_cuda):  # fmt: skip
+def test_kvikio_thread_pool_is_sized_for_the_save_and_restored(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
     fake = fake_kvikio()
     eng = kvikio_engine(make_engine, targets(3), threads_per_target=4, chunk_bytes="64KiB")
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
@@ -195,26 +199,34 @@ def test_no_host_copy_inside_the_stall(make_engine, targets, fake_kvikio, fake_c
     assert host_copies == []
     assert result.hash_s > 0 and result.checksums
     m = read_manifest(eng.targets)
-    algos = {e["path"]: ("xxh3" if e["xxh3"] else "wsum64" if e["wsum64"] else None)
-             for e in m["tensors"] if e["nbytes"]}  # fmt: skip
-    assert algos == {"['w']": "wsum64", "['wt']": "wsum64", "['half']": "wsum64",
-                     "['offset_view']": "wsum64", "['step']": "xxh3"}  # fmt: skip
+    algos = {
+        e["path"]: ("xxh3" if e["xxh3"] else "wsum64" if e["wsum64"] else None)
+        for e in m["tensors"]
+        if e["nbytes"]
+    }
+    assert algos == {
+        "['w']": "wsum64",
+        "['wt']": "wsum64",
+        "['half']": "wsum64",
+        "['offset_view']": "wsum64",
+        "['step']": "xxh3",
+    }
 
 
 def test_device_checksum_matches_on_any_device_and_catches_damage():
     g = torch.Generator().manual_seed(1)
     raw = torch.randint(0, 256, ((1 << 16) + 3,), dtype=torch.uint8, generator=g)
-    a = manifest.device_checksum(raw)
+    a = checksums.device_checksum(raw)
     # The same bytes at another alignment and in pieces of another size give the same digest.
     shifted = torch.empty(raw.numel() + 1, dtype=torch.uint8)[1:]
     shifted.copy_(raw)
-    assert manifest.device_checksum(shifted) == a
-    old = manifest.WSUM_PIECE
+    assert checksums.device_checksum(shifted) == a
+    old = checksums.WSUM_PIECE
     try:
-        manifest.WSUM_PIECE = 1000
-        assert manifest.device_checksum(raw) == a
+        checksums.WSUM_PIECE = 1000
+        assert checksums.device_checksum(raw) == a
     finally:
-        manifest.WSUM_PIECE = old
+        checksums.WSUM_PIECE = old
     # Reference: the definition in plain Python.
     data = bytes(raw.numpy()) + b"\0"
     words = [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
@@ -225,13 +237,14 @@ def test_device_checksum_matches_on_any_device_and_catches_damage():
     flipped[1234] ^= 1
     swapped = raw.clone()
     swapped[0:4], swapped[4:8] = raw[4:8].clone(), raw[0:4].clone()
-    assert len({a, manifest.device_checksum(flipped), manifest.device_checksum(swapped)}) == 3
-    assert manifest.device_checksum(raw[:-3]) != a
+    assert len({a, checksums.device_checksum(flipped), checksums.device_checksum(swapped)}) == 3
+    assert checksums.device_checksum(raw[:-3]) != a
 
 
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
-def test_damaged_byte_is_caught_on_either_restore_path(make_engine, targets, fake_kvikio, fake_cuda,
-                                                      where):  # fmt: skip
+def test_damaged_byte_is_caught_on_either_restore_path(
+    make_engine, targets, fake_kvikio, fake_cuda, where
+):
     fake_kvikio()
     dirs = targets(2)
     eng = kvikio_engine(make_engine, dirs)
@@ -271,8 +284,9 @@ def test_gds_restore_reads_into_device_memory(make_engine, targets, fake_kvikio,
     assert eng.restore_mode == "host"
 
 
-def test_a_file_cufile_cannot_take_makes_the_save_compat(make_engine, targets, fake_kvikio,
-                                                        fake_cuda):  # fmt: skip
+def test_a_file_cufile_cannot_take_makes_the_save_compat(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
     """kvikio's AUTO mode would fall back to POSIX for that file silently; the engine opens
     with compat mode OFF, falls back itself and says why."""
     fake = fake_kvikio()
@@ -292,8 +306,9 @@ def test_a_file_cufile_cannot_take_makes_the_save_compat(make_engine, targets, f
     assert fake.defaults.get("compat_mode") == fake.CompatMode.AUTO  # restored
 
 
-def test_allow_compat_false_refuses_a_file_cufile_cannot_take(make_engine, targets, fake_kvikio,
-                                                             fake_cuda):  # fmt: skip
+def test_allow_compat_false_refuses_a_file_cufile_cannot_take(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
     fake = fake_kvikio()
     dirs = targets(2)
     fake.unregistrable = [dirs[1]]
@@ -333,8 +348,9 @@ def test_gds_mode_is_compat_when_kvikio_cannot_tell(make_engine, targets, fake_k
     assert "cannot tell" in result.extra["compat_reasons"][0]
 
 
-def test_small_device_pieces_under_gds_threshold_are_compat(make_engine, targets, fake_kvikio,
-                                                           fake_cuda):  # fmt: skip
+def test_small_device_pieces_under_gds_threshold_are_compat(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
     fake = fake_kvikio()
     eng = kvikio_engine(make_engine, targets(1), gds_threshold="16KiB", chunk_bytes="64KiB")
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
@@ -349,8 +365,9 @@ def test_small_device_pieces_under_gds_threshold_are_compat(make_engine, targets
 
 
 @pytest.mark.parametrize("allow", [True, False])
-def test_cufile_compat_on_a_filesystem_gds_does_not_serve(make_engine, targets, fake_kvikio,
-                                                         fake_cuda, monkeypatch, allow):  # fmt: skip
+def test_cufile_compat_on_a_filesystem_gds_does_not_serve(
+    make_engine, targets, fake_kvikio, fake_cuda, monkeypatch, allow
+):
     """Where cufile.json allows compat mode, cuFile itself may serve a file through POSIX on a
     filesystem GDS does not support, and kvikio cannot see it: such saves are not called gds."""
     fake_kvikio(allow_compat_mode=allow)
@@ -372,8 +389,9 @@ def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kv
     assert_round_trip(eng.load("ckpt"), state)
 
 
-def test_device_buffers_are_registered_in_warm_and_released(make_engine, targets, fake_kvikio,
-                                                           fake_cuda):  # fmt: skip
+def test_device_buffers_are_registered_in_warm_and_released(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
     fake = fake_kvikio()
     eng = kvikio_engine(make_engine, targets(2))
     state = mixed_state(fake_cuda)
@@ -444,11 +462,12 @@ def fake_cuda_engine_device(monkeypatch) -> Iterator[None]:
     yield
 
 
-def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(make_engine, targets, fake_cuda,
-                                                                fake_cudart,
-                                                                fake_cuda_engine_device):  # fmt: skip
-    eng = make_engine("gds", targets(2), io="emulated", device="cuda", chunk_bytes="8KiB",
-                      threads_per_target=1)  # fmt: skip
+def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(
+    make_engine, targets, fake_cuda, fake_cudart, fake_cuda_engine_device
+):
+    eng = make_engine(
+        "gds", targets(2), io="emulated", device="cuda", chunk_bytes="8KiB", threads_per_target=1
+    )
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "emulated"
@@ -460,8 +479,9 @@ def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(make_engine, ta
 
 
 @pytest.mark.parametrize("failure", ["call", "get", "short"])
-def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fake_kvikio, fake_cuda,
-                                                      failure):  # fmt: skip
+def test_failed_write_closes_files_and_commits_nothing(
+    make_engine, targets, fake_kvikio, fake_cuda, failure
+):
     fake = fake_kvikio()
     if failure == "short":
         fake.short_by = 1
@@ -490,8 +510,9 @@ def test_failed_write_closes_files_and_commits_nothing(make_engine, targets, fak
 
 
 @pytest.mark.parametrize("failure", ["call", "get", "short"])
-def test_failed_write_keeps_the_previous_checkpoint(make_engine, targets, fake_kvikio, fake_cuda,
-                                                   failure):  # fmt: skip
+def test_failed_write_keeps_the_previous_checkpoint(
+    make_engine, targets, fake_kvikio, fake_cuda, failure
+):
     fake = fake_kvikio()
     dirs = targets(2)
     eng = kvikio_engine(make_engine, dirs)
@@ -534,8 +555,9 @@ def test_copy_ceiling_releases_what_it_pinned(fake_cudart):
     assert fake_cudart.locked == {}
 
 
-def test_snapshot_engine_pins_its_staging_exactly(make_engine, targets, fake_cudart,
-                                                  fake_cuda_engine_device):  # fmt: skip
+def test_snapshot_engine_pins_its_staging_exactly(
+    make_engine, targets, fake_cudart, fake_cuda_engine_device
+):
     eng = make_engine("cpu-single", targets(2), device="cuda", chunk_bytes="8KiB")
     state = sample_state()
     eng.warm(state)

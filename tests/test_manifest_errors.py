@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import ENGINES, STRIPED_ENGINES
 
-from bench import engines, layout, manifest
+from bench import engines, generations, layout
 from bench.errors import ChecksumError, UserError
 
 STRIPED = STRIPED_ENGINES
@@ -58,7 +58,7 @@ def listing(dirs: list[str], name: str = "ckpt") -> dict[str, list[str]]:
     """What every target's `NAME/` directory holds (missing directories left out), but for the
     target-list record, which every save leaves and test_engines.check_files checks."""
     return {
-        d: sorted(set(os.listdir(Path(d) / name)) - {manifest.TARGETS_RECORD})
+        d: sorted(set(os.listdir(Path(d) / name)) - {generations.TARGETS_RECORD})
         for d in dirs
         if (Path(d) / name).is_dir()
     }
@@ -111,7 +111,7 @@ def test_an_overlapping_target_list_cannot_destroy_a_checkpoint(make_engine, tar
     state = random_state()
     x.save(state, "ckpt").wait()
     before = listing([a, b, c])
-    records = {d: (Path(d) / "ckpt" / manifest.TARGETS_RECORD).read_text() for d in (a, b)}
+    records = {d: (Path(d) / "ckpt" / generations.TARGETS_RECORD).read_text() for d in (a, b)}
     for other in ([b, c], [b, a], [a], [c, b]):
         y = make_engine(engine, other, chunk_bytes="8KiB")
         with pytest.raises(UserError) as e:
@@ -121,9 +121,9 @@ def test_an_overlapping_target_list_cannot_destroy_a_checkpoint(make_engine, tar
         assert "same order" in msg
         with pytest.raises(UserError, match="already holds checkpoint 'ckpt'"):
             y.delete("ckpt")
-        assert manifest.leftovers(other, "ckpt") == []  # what `ckptbench clean` would remove
+        assert generations.leftovers(other, "ckpt") == []  # what `ckptbench clean` would remove
         assert listing([a, b, c]) == before
-        assert {d: (Path(d) / "ckpt" / manifest.TARGETS_RECORD).read_text() for d in (a, b)} == (
+        assert {d: (Path(d) / "ckpt" / generations.TARGETS_RECORD).read_text() for d in (a, b)} == (
             records
         )
         assert not (Path(c) / "ckpt").exists()  # nothing of Y's was written
@@ -140,7 +140,7 @@ def test_a_garbled_claim_is_named_and_left_alone(make_engine, targets):
     a, b = targets(2)
     x = make_engine("cpu-double", [a, b], chunk_bytes="8KiB")
     x.save(random_state(), "ckpt").wait()
-    record = Path(b) / "ckpt" / manifest.TARGETS_RECORD
+    record = Path(b) / "ckpt" / generations.TARGETS_RECORD
     record.write_text("{not json")
     with pytest.raises(UserError) as e:
         x.save(random_state(seed=1), "ckpt")
@@ -410,7 +410,7 @@ def test_save_replaces_a_checkpoint_of_the_same_name(make_engine, targets, engin
         write_piece(fd, piece, o_direct)
         try:
             loaded: Any = reader.load("ckpt")
-        except Exception as e:  # noqa: BLE001 - recorded, asserted below
+        except Exception as e:  # recorded, asserted below
             loaded = e
         during.append((loaded, manifest_json(dirs), sorted(os.listdir(Path(dirs[0]) / "ckpt"))))
 
@@ -488,12 +488,12 @@ def test_interrupted_save_keeps_the_old_checkpoint_and_is_cleaned(make_engine, t
     committed = names_in(dirs, "ckpt")
     left = leave_interrupted_save(engine, dirs, "ckpt", KILLED)
     assert eng.status("ckpt") == "complete"
-    assert sorted(manifest.leftovers(dirs, "ckpt")) == left
+    assert sorted(generations.leftovers(dirs, "ckpt")) == left
     assert_equal_state(eng.load("ckpt"), old)
     # The next save of the name removes them; afterwards only its own generation is there.
     new = random_state(2)
     eng.save(new, "ckpt").wait()
-    assert manifest.leftovers(dirs, "ckpt") == []
+    assert generations.leftovers(dirs, "ckpt") == []
     assert not any(os.path.exists(p) for p in left)
     assert_equal_state(eng.load("ckpt"), new)
     assert {d: len(files) for d, files in names_in(dirs, "ckpt").items()} == {
@@ -513,7 +513,7 @@ def test_interrupted_first_save_is_incomplete(make_engine, targets, engine):
     state = random_state(3)
     eng.save(state, "fresh").wait()
     assert eng.status("fresh") == "complete"
-    assert manifest.leftovers(dirs, "fresh") == []
+    assert generations.leftovers(dirs, "fresh") == []
     assert not any(os.path.exists(p) for p in left)
     assert_equal_state(eng.load("fresh"), state)
 
@@ -531,10 +531,10 @@ def test_marker_of_a_committed_save_goes_with_its_generation(make_engine, target
     used = dirs if engine in STRIPED else dirs[:1]
     for d in used:
         (Path(d) / "ckpt" / f".saving-{first.save_id}").write_text(DEAD)
-    assert manifest.leftovers(dirs, "ckpt") == []
+    assert generations.leftovers(dirs, "ckpt") == []
     assert eng.status("ckpt") == "complete"
     second = eng.save(random_state(2), "ckpt").wait()
-    assert manifest.leftovers(dirs, "ckpt") == []
+    assert generations.leftovers(dirs, "ckpt") == []
     after = names_in(dirs, "ckpt")
     assert not any(first.save_id in f for files in after.values() for f in files), after
     assert {d: len(files) for d, files in after.items()} == {

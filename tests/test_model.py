@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from analysis import model, runs
 from bench.cli import main
@@ -22,8 +23,16 @@ GB = 1e9
 
 def prof(**kw: float) -> model.Profile:
     """b = 50 GB/s, w = 5 GB/s, g = 2, C = 20 GB/s (c = 10 GB/s), S = 100 GB, unless given."""
-    base = dict(name="t", description="", d2h_Bps=50 * GB, ssd_write_Bps=5 * GB, ssds_per_gpu=1,
-                gpus_sharing_host=2, host_copy_Bps=20 * GB, size_bytes=int(100 * GB))  # fmt: skip
+    base = dict(
+        name="t",
+        description="",
+        d2h_Bps=50 * GB,
+        ssd_write_Bps=5 * GB,
+        ssds_per_gpu=1,
+        gpus_sharing_host=2,
+        host_copy_Bps=20 * GB,
+        size_bytes=int(100 * GB),
+    )
     base.update(kw)
     return model.Profile(**base)  # type: ignore[arg-type]
 
@@ -103,8 +112,9 @@ def test_break_even_never_when_link_is_slower_or_device_shared() -> None:
         ("nd-h200-v5", 52.77, 3.3, 1, 16),
     ],
 )
-def test_profiles_quote_the_reference_figures(name: str, b: float, w: float, n: int,
-                                              break_even: int) -> None:  # fmt: skip
+def test_profiles_quote_the_reference_figures(
+    name: str, b: float, w: float, n: int, break_even: int
+) -> None:
     p = model.load_profile(name)
     assert p.d2h_Bps == pytest.approx(b * GB)
     assert p.ssd_write_Bps == pytest.approx(w * GB)
@@ -190,11 +200,18 @@ def test_cli_model_prints_the_feasibility_table(capsys: pytest.CaptureFixture[st
     assert gds.split()[1] == "5.26"  # 40 / 7.6
 
 
-def test_cli_model_from_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["model", "this-machine", "--from-run", str(DEFAULT)]) == 0
+@pytest.mark.parametrize("profile", ["this-machine", "configs/hardware/this-machine.yaml"])
+def test_cli_model_from_run(
+    capsys: pytest.CaptureFixture[str], profile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profile a run fills works by name and by path alike."""
+    monkeypatch.chdir(REPO)
+    assert main(["model", profile, "--from-run", str(DEFAULT)]) == 0
     out = capsys.readouterr().out
     assert "break-even: never on this storage (all targets share one device" in out
     assert "8.61 GB/s" in out
+    assert main(["model", "configs/hardware/dgx-h100-gen4.yaml", "--from-run", str(DEFAULT)]) == 2
+    assert "--from-run fills the this-machine profile, not " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -210,8 +227,9 @@ def test_cli_model_from_run(capsys: pytest.CaptureFixture[str]) -> None:
         (["model", "a100-gen4", "--from-run", str(DEFAULT)], "ckptbench: error: --from-run fills"),
     ],
 )
-def test_cli_model_errors_are_one_line(argv: list[str], message: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_cli_model_errors_are_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message)

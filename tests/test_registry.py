@@ -80,9 +80,11 @@ def copied_engine(tmp_path, monkeypatch) -> str:
     src = src.replace("class CpuSingle(", "class CpuSingleCopy(")
     (tmp_path / "ckptbench_copy_engine.py").write_text(src)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(engines.ENGINES, "cpu-single-copy",
-                        engines.Entry("ckptbench_copy_engine:CpuSingleCopy",
-                                      engine_options.StripedOptions))  # fmt: skip
+    monkeypatch.setitem(
+        engines.ENGINES,
+        "cpu-single-copy",
+        engines.Entry("ckptbench_copy_engine:CpuSingleCopy", engine_options.StripedOptions),
+    )
     return "cpu-single-copy"
 
 

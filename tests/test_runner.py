@@ -83,8 +83,14 @@ def tiny() -> Iterator[dict[str, Any]]:
         r = Sweep(cfg, devices.detect("host-emulated"), str(root / "results"), quiet=True)
         run_dir = r.run()
         columns, rows = read_csv(run_dir)
-        yield {"cfg": cfg, "runner": r, "run_dir": run_dir, "columns": columns, "rows": rows,
-               "targets": targets}  # fmt: skip
+        yield {
+            "cfg": cfg,
+            "runner": r,
+            "run_dir": run_dir,
+            "columns": columns,
+            "rows": rows,
+            "targets": targets,
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -286,8 +292,11 @@ def test_failed_verification_is_recorded(
     )
     _, rows = read_csv(r.run())
     assert [(x["engine"], x["rep"]) for x in rows] == [
-        ("cpu-single", "0"), ("torch-save", "0"), ("cpu-single", "1"), ("torch-save", "1"),
-    ]  # fmt: skip
+        ("cpu-single", "0"),
+        ("torch-save", "0"),
+        ("cpu-single", "1"),
+        ("torch-save", "1"),
+    ]
     for x in rows:
         if x["engine"] == "cpu-single":
             assert x["verified"] == "False"
@@ -350,8 +359,9 @@ def test_on_error_stop_keeps_the_rows_so_far(
     )
     _, rows = read_csv(r.run_dir)
     assert [(x["engine"], x["verified"]) for x in rows] == [
-        ("torch-save", "True"), ("cpu-single", "False"),
-    ]  # fmt: skip
+        ("torch-save", "True"),
+        ("cpu-single", "False"),
+    ]
     assert r.failures == 1
 
 

@@ -26,17 +26,30 @@ from bench.training import loop
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "runs" / "20261202T160516Z-default-b10c3b"
 ENGINES = ["none", "cpu-single", "torch-save", "gds"]
-TINY_MODEL = {"d_model": 32, "n_layers": 1, "n_heads": 4, "d_ff": 64, "vocab": 256,
-              "seq_len": 8, "batch_size": 2}  # fmt: skip
+TINY_MODEL = {
+    "d_model": 32,
+    "n_layers": 1,
+    "n_heads": 4,
+    "d_ff": 64,
+    "vocab": 256,
+    "seq_len": 8,
+    "batch_size": 2,
+}
 STEPS, EVERY = 12, 4
 CKPT_STEPS = [0, 4, 8]
 
 
 def tiny(root: Path, **changes: Any) -> dict[str, Any]:
-    raw = {"name": "tiny-train", "engines": ENGINES, "steps": STEPS, "checkpoint_every": EVERY,
-           "warmup_steps": 1, "model": TINY_MODEL, "scratch": str(root / "scratch"),
-           "engine_options": {"cpu-single": {"chunk_bytes": "64KiB"},
-                              "gds": {"chunk_bytes": "64KiB"}}}  # fmt: skip
+    raw = {
+        "name": "tiny-train",
+        "engines": ENGINES,
+        "steps": STEPS,
+        "checkpoint_every": EVERY,
+        "warmup_steps": 1,
+        "model": TINY_MODEL,
+        "scratch": str(root / "scratch"),
+        "engine_options": {"cpu-single": {"chunk_bytes": "64KiB"}, "gds": {"chunk_bytes": "64KiB"}},
+    }
     raw.update(changes)
     return raw
 
@@ -65,24 +78,41 @@ def test_shipped_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"stepz": 3}, "config: stepz: unknown key"),
         ({"model": {"d_modle": 3}}, "config: model.d_modle: unknown key"),
         ({"steps": 0}, "config: steps: Input should be greater than 0, got 0"),
-        ({"checkpoint_every": "ten"}, "config: checkpoint_every: Input should be a valid integer, got 'ten'"),
+        (
+            {"checkpoint_every": "ten"},
+            "config: checkpoint_every: Input should be a valid integer, got 'ten'",
+        ),
         ({"engines": ["none", "nvme"]}, "config: engines.1: unknown engine 'nvme' (known: none, "),
         ({"engines": ["none", "none"]}, "config: engines: an engine is listed twice"),
-        ({"model": {"d_model": 100, "n_heads": 8}}, "config: model.n_heads: 8 does not divide d_model 100"),
+        (
+            {"model": {"d_model": 100, "n_heads": 8}},
+            "config: model.n_heads: 8 does not divide d_model 100",
+        ),
         ({"lr": "fast"}, "config: lr: expected a number, got 'fast'"),
         ({"lr": -1.0}, "config: lr: Input should be greater than 0, got -1.0"),
-        ({"engine_options": {"cpu-single": {"chunk": 1}}},
-         "config: engine_options.cpu-single.chunk: unknown key (known: chunk_bytes, "
-         "threads_per_target, checksums, device, staging_chunks, copy_threads, fallocate, "
-         "max_write_bw)"),
-        ({"engine_options": {"none": {}}}, "config: engine_options.none: none is not an engine and takes no options"),
-        ({"n_targets": 3, "targets": ["a"]}, "config: n_targets: 3 targets asked for, but targets lists only 1"),
-        ({"device": "tpu"}, "config: device: Input should be 'auto', 'cuda' or 'host-emulated', got 'tpu'"),
+        (
+            {"engine_options": {"cpu-single": {"chunk": 1}}},
+            "config: engine_options.cpu-single.chunk: unknown key (known: chunk_bytes, "
+            "threads_per_target, checksums, device, staging_chunks, copy_threads, fallocate, "
+            "max_write_bw)",
+        ),
+        (
+            {"engine_options": {"none": {}}},
+            "config: engine_options.none: none is not an engine and takes no options",
+        ),
+        (
+            {"n_targets": 3, "targets": ["a"]},
+            "config: n_targets: 3 targets asked for, but targets lists only 1",
+        ),
+        (
+            {"device": "tpu"},
+            "config: device: Input should be 'auto', 'cuda' or 'host-emulated', got 'tpu'",
+        ),
         ({"threads": 0}, "config: threads: Input should be greater than 0, got 0"),
         ({"name": "a/b"}, "config: name: 'a/b' must be a non-empty name without '/'"),
         ({"verify": "yes"}, "config: verify: Input should be a valid boolean, got 'yes'"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_fail_with_their_key_path(change: dict, says: str) -> None:
     with pytest.raises(UserError) as e:
         training.from_dict(change)
@@ -95,8 +125,12 @@ def test_load_overrides_and_file_errors(scratch: Path) -> None:
     path = scratch / "t.yaml"
     path.write_text("steps: 8\nlr: 3e-4\n")  # YAML reads 3e-4 as a string; it means a number
     cfg = training.load(str(path), ["model.n_layers=2", "engines=[none,torch-save]"])
-    assert (cfg.steps, cfg.model.n_layers, cfg.engines, cfg.lr) == (8, 2, ["none", "torch-save"],
-                                                                    3e-4)  # fmt: skip
+    assert (cfg.steps, cfg.model.n_layers, cfg.engines, cfg.lr) == (
+        8,
+        2,
+        ["none", "torch-save"],
+        3e-4,
+    )
     with pytest.raises(UserError, match=r"^config .*t.yaml: model.n_layers: Input should be"):
         training.load(str(path), ["model.n_layers=x"])
     with pytest.raises(UserError, match=r"^config nope.yaml: no such file$"):
@@ -187,8 +221,10 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
     assert set(timed.loc[timed["engine"] == "gds", "gds_mode"]) == {"emulated"}
     # overlap_steps counts the step rows marked as running beside that save's persist
     during = steps[(steps["engine"] == "cpu-single") & steps["during_persist"]]
-    assert during.groupby("persist_of_step").size().reindex(CKPT_STEPS, fill_value=0).tolist() \
-        == cs["overlap_steps"].tolist()  # fmt: skip
+    assert (
+        during.groupby("persist_of_step").size().reindex(CKPT_STEPS, fill_value=0).tolist()
+        == cs["overlap_steps"].tolist()
+    )
     assert (during["step"] > during["persist_of_step"]).all()
 
 
@@ -245,16 +281,32 @@ def test_summary_numbers(tiny_run: tuple) -> None:
     assert table.loc["torch-save", "contention_s"] == 0
     assert np.isnan(table.loc["none", "inflation_s"])
     headers, rows = tstats.summary_rows(tstats.summary(tr))
-    assert headers[:6] == ["engine", "ckpts", "step s (median)", "step s during persist",
-                           "inflation s / ckpt vs none", "vs quiet steps"]  # fmt: skip
-    assert [r[0] for r in rows] == ["none [emulated]", "gds [emulated]", "cpu-single [emulated]",
-                                    "torch-save [emulated]"]  # fmt: skip
+    assert headers[:6] == [
+        "engine",
+        "ckpts",
+        "step s (median)",
+        "step s during persist",
+        "inflation s / ckpt vs none",
+        "vs quiet steps",
+    ]
+    assert [r[0] for r in rows] == [
+        "none [emulated]",
+        "gds [emulated]",
+        "cpu-single [emulated]",
+        "torch-save [emulated]",
+    ]
 
 
 def test_drift_notes() -> None:
-    table = pd.DataFrame({"engine": ["none", "gds", "dcp"], "label": ["none", "gds", "dcp"],
-                          "quiet_step_s": [0.25, 0.20, 0.26], "steps": [60, 60, 60],
-                          "checkpoints": [0, 6, 6]})  # fmt: skip
+    table = pd.DataFrame(
+        {
+            "engine": ["none", "gds", "dcp"],
+            "label": ["none", "gds", "dcp"],
+            "quiet_step_s": [0.25, 0.20, 0.26],
+            "steps": [60, 60, 60],
+            "checkpoints": [0, 6, 6],
+        }
+    )
     assert tstats.drift_notes(table) == [
         "the quiet steps of gds ran 20% faster than none's (0.2 s vs 0.25 s): its inflation "
         "against none carries about -0.5 s per checkpoint of that drift"
@@ -282,7 +334,10 @@ def test_training_figure(tiny_run: tuple) -> None:
     assert panels[-1].get_xlabel() == "training step"
     assert bars.get_ylabel() == "seconds per checkpoint"
     assert [t.get_text() for t in bars.get_xticklabels()] == [
-        "gds\n[emulated]", "cpu-single\n[emulated]", "torch-save\n[emulated]"]  # fmt: skip
+        "gds\n[emulated]",
+        "cpu-single\n[emulated]",
+        "torch-save\n[emulated]",
+    ]
     # vs none, the save() step, contention stacked on it, stall_s: a bar per engine in each
     assert [len(c) for c in bars.containers] == [3, 3, 3, 3]
     assert "HOST-EMULATED" in fig.get_supxlabel()
@@ -292,8 +347,13 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     run_dir, _, _ = tiny_run
     rep = report.build(run_dir, str(scratch / "rep"))
     names = sorted(Path(p).name for p in rep.paths)
-    assert names == ["report.html", "report.md", "training_stall.pdf", "training_stall.png",
-                     "training_summary.csv"]  # fmt: skip
+    assert names == [
+        "report.html",
+        "report.md",
+        "training_stall.pdf",
+        "training_stall.png",
+        "training_summary.csv",
+    ]
     md = (scratch / "rep" / "report.md").read_text()
     assert "## Stall in a real training loop" in md
     assert "> **HOST-EMULATED run (no GPU)" in md

@@ -144,8 +144,9 @@ def test_llama_7b_shards_add_up_to_the_full_model() -> None:
 
 
 def test_llama_shard_allocates_one_layer() -> None:
-    state = model_state("llama-7b-shard", dtype=torch.bfloat16, optimizer=False, world_size=32,
-                        rank=1)  # fmt: skip
+    state = model_state(
+        "llama-7b-shard", dtype=torch.bfloat16, optimizer=False, world_size=32, rank=1
+    )
     model = state["model"]
     assert list(model)[0] == "model.layers.1.self_attn.q_proj.weight"
     assert all(n.startswith("model.layers.1.") for n in model)

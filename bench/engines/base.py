@@ -65,7 +65,7 @@ class PendingSave:
         def body() -> None:
             try:
                 fn()
-            except BaseException as e:  # noqa: BLE001 - handed to wait()
+            except BaseException as e:  # handed to wait()
                 self._error = e
             finally:
                 self._finish()

@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any
 
-from bench import manifest
+from bench import generations, manifest
 from bench.engines.base import build_options, check_name, check_targets
 from bench.engines.traits import Traits
 from bench.errors import UserError
@@ -50,8 +50,8 @@ class BaselineEngine:
     def _begin(self, name: str, save_id: str) -> str:
         """Clean leftovers of `name`, mark this save running; returns its generation directory."""
         keep = self._committed_id(name) or ""
-        manifest.remove_files(manifest.leftovers(self.targets[:1], name, keep))
-        manifest.begin(self.targets[:1], name, save_id)
+        generations.remove_files(generations.leftovers(self.targets[:1], name, keep))
+        generations.begin(self.targets[:1], name, save_id)
         gen = os.path.join(self.ckpt_dir(name), f"gen-{save_id}")
         os.makedirs(gen)
         return gen
@@ -72,11 +72,11 @@ class BaselineEngine:
         # The old generation, and its marker if a kill cut short the cleanup of its own commit.
         old = []
         if previous and previous != save_id:
-            old = manifest.generation_files(self.targets[:1], name, previous)
-        manifest.remove_files(old + [os.path.join(d, f".saving-{save_id}")])
+            old = generations.generation_files(self.targets[:1], name, previous)
+        generations.remove_files(old + [os.path.join(d, f".saving-{save_id}")])
 
     def _abort(self, name: str, save_id: str) -> None:
-        manifest.remove_files(manifest.generation_files(self.targets[:1], name, save_id))
+        generations.remove_files(generations.generation_files(self.targets[:1], name, save_id))
 
     def current_dir(self, name: str) -> str:
         """The committed generation of `name`; a UserError if there is none."""

@@ -14,7 +14,12 @@ from bench.engines.traits import Traits
 class CpuDouble(SnapshotEngine):
     name = "cpu-double"
     traits = Traits(
-        stall="snapshot", from_device=False, o_direct=False, page_cache=True, stripes=True,
-        host_copies=2, baseline=False,
+        stall="snapshot",
+        from_device=False,
+        o_direct=False,
+        page_cache=True,
+        stripes=True,
+        host_copies=2,
+        baseline=False,
         summary="device -> pinned staging; background buffered write + fsync",
-    )  # fmt: skip
+    )

@@ -16,7 +16,12 @@ from bench.engines.traits import Traits
 class CpuSingle(SnapshotEngine):
     name = "cpu-single"
     traits = Traits(
-        stall="snapshot", from_device=False, o_direct=True, page_cache=False, stripes=True,
-        host_copies=1, baseline=False,
+        stall="snapshot",
+        from_device=False,
+        o_direct=True,
+        page_cache=False,
+        stripes=True,
+        host_copies=1,
+        baseline=False,
         summary="device -> aligned pinned staging; background O_DIRECT + fsync",
-    )  # fmt: skip
+    )

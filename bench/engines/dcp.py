@@ -22,6 +22,7 @@ from bench import manifest
 from bench.engines.base import PendingSave, SaveResult
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
+from bench.tree import flatten
 
 # Single-process use is intended here; DCP warns about it on every call, from its own threads.
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
@@ -30,10 +31,16 @@ warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavai
 class Dcp(BaselineEngine):
     name = "dcp"
     traits = Traits(
-        stall="snapshot", from_device=False, o_direct=False, page_cache=True, stripes=False,
-        host_copies=2, baseline=True, loose_keys=True,
+        stall="snapshot",
+        from_device=False,
+        o_direct=False,
+        page_cache=True,
+        stripes=False,
+        host_copies=2,
+        baseline=True,
+        loose_keys=True,
         summary="torch.distributed.checkpoint.async_save, FileSystemWriter(sync_files=True)",
-    )  # fmt: skip
+    )
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         super().__init__(targets, **options)
@@ -42,7 +49,7 @@ class Dcp(BaselineEngine):
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         try:
-            import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+            import torch.distributed.checkpoint as dcp
         except ImportError as e:
             return f"torch.distributed.checkpoint does not import: {e}"
         if not hasattr(dcp, "async_save"):
@@ -50,7 +57,7 @@ class Dcp(BaselineEngine):
         return None
 
     def save(self, state: Any, name: str) -> PendingSave:
-        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter_ns()
         wait_prev = 0.0
@@ -65,7 +72,7 @@ class Dcp(BaselineEngine):
         except BaseException:
             self._abort(name, save_id)
             raise
-        _, tensors = manifest.flatten(state)
+        _, tensors = flatten(state)
         result = SaveResult(
             name=name,
             bytes=sum(t.numel() * t.element_size() for _, t in tensors),
@@ -89,7 +96,7 @@ class Dcp(BaselineEngine):
         return pending
 
     def load(self, name: str, device: str = "cpu") -> Any:
-        from torch.distributed.checkpoint.state_dict_loader import (  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict_loader import (
             _load_state_dict_from_keys,
         )
 
@@ -108,7 +115,7 @@ class Dcp(BaselineEngine):
 
 
 def _to(obj: Any, device: str) -> Any:
-    import torch  # noqa: PLC0415
+    import torch
 
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
@@ -123,20 +130,24 @@ def _no_dist() -> dict[str, Any]:
     """`{"no_dist": True}` when a process group is up (a multi-rank run), else `{}`: DCP would
     otherwise plan the save across every rank of the group, and every rank would have to call it
     together."""
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch.distributed as dist
 
     return {"no_dist": True} if dist.is_available() and dist.is_initialized() else {}
 
 
 def _load_alone(d: str) -> dict[str, Any]:
     """Load a whole DCP checkpoint into this process without the process group's collectives."""
-    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
-    from torch.distributed.checkpoint.default_planner import (  # noqa: PLC0415
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import (
         _EmptyStateDictLoadPlanner,
     )
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     sd: dict[str, Any] = {}
-    _load_state_dict(sd, storage_reader=dcp.FileSystemReader(d), no_dist=True,
-                     planner=_EmptyStateDictLoadPlanner())  # fmt: skip
+    _load_state_dict(
+        sd,
+        storage_reader=dcp.FileSystemReader(d),
+        no_dist=True,
+        planner=_EmptyStateDictLoadPlanner(),
+    )
     return sd

@@ -12,7 +12,7 @@ Two I/O back ends, chosen by the `io` option:
   kvikio's memory_register) in `warm()`, outside the timed region. Host tensors in the state (an
   optimizer's `step` scalars) are handed to kvikio as host buffers and go through its POSIX path;
   their bytes are counted apart (`host_bytes`).
-  Checksums are computed on the device by torch kernels (`manifest.device_checksum`, recorded as
+  Checksums are computed on the device by torch kernels (`checksums.device_checksum`, recorded as
   `wsum64`), so no device byte is copied to the host inside the stall; `hash_s` says how long
   they took.
   `gds_mode` is decided for each save from what its files really did: `gds` only when cuFile is
@@ -45,13 +45,14 @@ from typing import Any
 
 import torch
 
+from bench import checksums, layout, manifest, odirect
 from bench import env as env_mod
-from bench import layout, manifest, odirect
 from bench.engines.base import PendingSave, check_name
 from bench.engines.striped import StripedEngine
 from bench.engines.traits import Traits
 from bench.errors import UserError
 from bench.staging import PinnedBuffer
+from bench.tree import flatten, unflatten
 
 # Filesystems GPUDirect Storage serves without falling back to POSIX (NVIDIA's GDS overview:
 # ext4 in ordered mode and XFS on local NVMe, and the distributed filesystems with GDS support).
@@ -142,10 +143,15 @@ def _io_choice(options: dict[str, Any]) -> str:
 class Gds(StripedEngine):
     name = "gds"
     traits = Traits(
-        stall="durable", from_device=True, o_direct=True, page_cache=False, stripes=True,
-        host_copies=0, baseline=False,
+        stall="durable",
+        from_device=True,
+        o_direct=True,
+        page_cache=False,
+        stripes=True,
+        host_copies=0,
+        baseline=False,
         summary="kvikio CuFile.pwrite straight from device memory (GPUDirect Storage)",
-    )  # fmt: skip
+    )
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         super().__init__(targets, **options)
@@ -248,7 +254,7 @@ class Gds(StripedEngine):
         if kv.defaults.is_compat_mode_preferred():
             self._register_note = "not registered: kvikio is in compat mode"
             return
-        _, tensors = manifest.flatten(state)
+        _, tensors = flatten(state)
         try:
             register = _memory_fn(kv, "memory_register")
             for _, t in tensors:
@@ -330,9 +336,9 @@ class Gds(StripedEngine):
         """Device memory (a tensor here) is hashed where it is, by torch kernels (wsum64); host
         memory (a numpy array) with xxh3."""
         if isinstance(view, torch.Tensor):
-            entry.wsum64 = manifest.device_checksum(view)
+            entry.wsum64 = checksums.device_checksum(view)
         else:
-            entry.xxh3 = manifest.checksum(view)
+            entry.xxh3 = checksums.checksum(view)
 
     def _persist_kvikio(
         self,
@@ -529,7 +535,7 @@ class Gds(StripedEngine):
         self.restore_mode = self._label(reasons, device_bytes)
         self.restore_detail = {**settings, **({"compat_reasons": reasons} if reasons else {})}
         tensors = [layout.typed(out[i], e) for i, e in enumerate(m.tensors)]
-        return manifest.unflatten(m.tree, tensors)
+        return unflatten(m.tree, tensors)
 
 
 def _in(addr: int, mems: list[torch.Tensor], dev: list[bool]) -> bool:

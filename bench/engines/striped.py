@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import xxhash
 
-from bench import layout, manifest, odirect, pacing
+from bench import checksums, generations, layout, manifest, odirect, pacing
 from bench.devices import detect
 from bench.engines.base import (
     PendingSave,
@@ -34,6 +34,7 @@ from bench.engines.base import (
 from bench.engines.traits import Traits
 from bench.errors import UserError
 from bench.staging import Staging
+from bench.tree import flatten, unflatten
 
 
 def _now() -> int:
@@ -93,7 +94,7 @@ class StripedEngine:
         if self._pending is not None and not self._pending.done():
             self._pending._done.wait()  # its error, if any, is reported by its own wait()
             wait_prev = (_now() - t0) / 1e9
-        tree, tensors = manifest.flatten(state)
+        tree, tensors = flatten(state)
         entries = [manifest.tensor_entry(p, t) for p, t in tensors]
         result = SaveResult(
             name=name,
@@ -123,14 +124,14 @@ class StripedEngine:
     def _begin(self, name: str, save_id: str) -> None:
         """Claim `name` on the targets (refused if another target list holds it), remove what
         interrupted saves of `name` left behind, then mark this save running."""
-        manifest.claim(self.targets, name)
-        manifest.remove_files(manifest.leftovers(self.targets, name))
-        manifest.begin(self.targets, name, save_id)
+        generations.claim(self.targets, name)
+        generations.remove_files(generations.leftovers(self.targets, name))
+        generations.begin(self.targets, name, save_id)
 
     def _abort(self, name: str, save_id: str) -> None:
         """A failed save removes its own files; the committed generation stays as it was."""
-        manifest.remove_files(manifest.generation_files(self.targets, name, save_id))
-        manifest.release(self.targets, name)
+        generations.remove_files(generations.generation_files(self.targets, name, save_id))
+        generations.release(self.targets, name)
 
     def _in_background(self, pending: PendingSave, persist: Any) -> None:
         """Run the persist phase in the background; on failure remove this save's files."""
@@ -172,7 +173,7 @@ class StripedEngine:
 
     def _hash(self, entry: manifest.TensorEntry, view: Any) -> None:
         """Record the checksum of one tensor's bytes (host memory: xxh3)."""
-        entry.xxh3 = manifest.checksum(view)
+        entry.xxh3 = checksums.checksum(view)
 
     def _open(self, result: SaveResult, file_bytes: dict[int, int]) -> dict[int, int]:
         """Open this save's data file on every target that gets data."""
@@ -197,7 +198,7 @@ class StripedEngine:
             if f is not None:
                 try:
                     f.result()
-                except BaseException:  # noqa: BLE001, S110 - the first error is raised by the caller
+                except BaseException:  # the first error is raised by the caller
                     pass
         for fd in fds.values():
             os.close(fd)
@@ -261,13 +262,15 @@ class StripedEngine:
         )
         previous = manifest.committed(self.targets, name)
         manifest.commit(self.targets, m)
-        done = manifest.generation_files(self.targets, name, save_id)
+        done = generations.generation_files(self.targets, name, save_id)
         old = []
         if previous is not None and previous.save_id != save_id:
             # Its data files, and its marker if a kill cut short the cleanup of its own commit.
             old = layout.files_of(previous.targets, previous)
-            old += manifest.generation_files(self.targets, name, previous.save_id)
-        manifest.remove_files(old + [p for p in done if os.path.basename(p).startswith(".saving-")])
+            old += generations.generation_files(self.targets, name, previous.save_id)
+        generations.remove_files(
+            old + [p for p in done if os.path.basename(p).startswith(".saving-")]
+        )
         result.targets_used = len(file_bytes)
 
     # -- load and housekeeping --------------------------------------------------------------
@@ -279,7 +282,7 @@ class StripedEngine:
         dev = torch.device(device)
         if dev.type != "cpu":
             tensors = [t.to(dev) for t in tensors]
-        return manifest.unflatten(m.tree, tensors)
+        return unflatten(m.tree, tensors)
 
     def warm(self, state: Any) -> None:
         """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
@@ -290,13 +293,13 @@ class StripedEngine:
 
     def status(self, name: str) -> str:
         """`complete`, `incomplete` (an interrupted save left files) or `absent`."""
-        return manifest.status(self.targets, check_name(name))
+        return generations.status(self.targets, check_name(name))
 
     def delete(self, name: str) -> None:
         check_name(name)
         if self._pending is not None:
             self._pending._done.wait()
-        manifest.check_claim(self.targets, name)  # never another target list's checkpoint
+        generations.check_claim(self.targets, name)  # never another target list's checkpoint
         manifest.uncommit(self.targets, name)
         for t in self.targets:
             shutil.rmtree(manifest.checkpoint_dir(t, name), ignore_errors=True)
@@ -370,7 +373,7 @@ class SnapshotEngine(StripedEngine):
         return min(used, k * self.options.chunk_bytes) if k else used
 
     def warm(self, state: Any) -> None:
-        _, tensors = manifest.flatten(state)
+        _, tensors = flatten(state)
         entries = [manifest.tensor_entry(p, t) for p, t in tensors]
         self.wait_idle()
         self.staging.ensure(self._staging_need(layout.pack_offsets(entries)[1]))

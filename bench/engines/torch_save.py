@@ -17,6 +17,7 @@ from bench import manifest
 from bench.engines.base import PendingSave, SaveResult
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
+from bench.tree import flatten
 
 FILE = "state.pt"
 
@@ -24,9 +25,15 @@ FILE = "state.pt"
 class TorchSave(BaselineEngine):
     name = "torch-save"
     traits = Traits(
-        stall="durable", from_device=False, o_direct=False, page_cache=True, stripes=False,
-        host_copies=1, baseline=True, summary="torch.save to one file in the first target, fsync",
-    )  # fmt: skip
+        stall="durable",
+        from_device=False,
+        o_direct=False,
+        page_cache=True,
+        stripes=False,
+        host_copies=1,
+        baseline=True,
+        summary="torch.save to one file in the first target, fsync",
+    )
 
     def save(self, state: Any, name: str) -> PendingSave:
         t0 = time.perf_counter_ns()
@@ -48,10 +55,11 @@ class TorchSave(BaselineEngine):
         return pending
 
     def load(self, name: str, device: str = "cpu") -> Any:
-        return torch.load(os.path.join(self.current_dir(name), FILE), map_location=device,
-                          weights_only=True)  # fmt: skip
+        return torch.load(
+            os.path.join(self.current_dir(name), FILE), map_location=device, weights_only=True
+        )
 
 
 def _tensor_bytes(state: Any) -> int:
-    _, tensors = manifest.flatten(state)
+    _, tensors = flatten(state)
     return sum(t.numel() * t.element_size() for _, t in tensors)

@@ -17,5 +17,13 @@ from bench.training.config import (
     state_bytes,
 )
 
-__all__ = ["NONE", "ModelConfig", "TrainingConfig", "from_dict", "load", "param_count",
-           "resolved", "state_bytes"]  # fmt: skip
+__all__ = [
+    "NONE",
+    "ModelConfig",
+    "TrainingConfig",
+    "from_dict",
+    "load",
+    "param_count",
+    "resolved",
+    "state_bytes",
+]

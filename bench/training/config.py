@@ -32,8 +32,13 @@ class TrainingConfig(Strict):
 
     name: str = "training"
     engines: Annotated[list[str], Field(min_length=1)] = [
-        NONE, "gds", "cpu-double", "cpu-single", "torch-save", "dcp"
-    ]  # fmt: skip
+        NONE,
+        "gds",
+        "cpu-double",
+        "cpu-single",
+        "torch-save",
+        "dcp",
+    ]
     steps: PosInt = 60
     checkpoint_every: PosInt = 10
     warmup_steps: PosInt = 3
@@ -55,8 +60,10 @@ class TrainingConfig(Strict):
         """The first `n_targets` of `targets`, or `scratch/target-i`."""
         if self.targets:
             return [os.path.abspath(t) for t in self.targets[: self.n_targets]]
-        return [os.path.abspath(os.path.join(self.scratch, f"target-{i}"))
-                for i in range(self.n_targets)]  # fmt: skip
+        return [
+            os.path.abspath(os.path.join(self.scratch, f"target-{i}"))
+            for i in range(self.n_targets)
+        ]
 
     def checkpoint_steps(self) -> list[int]:
         return list(range(0, self.steps, self.checkpoint_every))

@@ -42,15 +42,47 @@ from bench.training.config import NONE, TrainingConfig, param_count, resolved, s
 from bench.training.model import Trainer, clone_state
 
 STEP_COLUMNS = [
-    "run_id", "engine", "device", "emulated", "gds_mode", "step", "step_s", "compute_s",
-    "save_call_s", "checkpoint", "stall_s", "during_persist", "persist_of_step", "t_start_s",
-    "t_end_s", "loss",
-]  # fmt: skip
+    "run_id",
+    "engine",
+    "device",
+    "emulated",
+    "gds_mode",
+    "step",
+    "step_s",
+    "compute_s",
+    "save_call_s",
+    "checkpoint",
+    "stall_s",
+    "during_persist",
+    "persist_of_step",
+    "t_start_s",
+    "t_end_s",
+    "loss",
+]
 CKPT_COLUMNS = [
-    "run_id", "engine", "device", "emulated", "gds_mode", "step", "warmup", "name", "bytes",
-    "stall_s", "persist_s", "total_s", "wait_prev_s", "hash_s", "pinned_bytes", "save_call_s",
-    "overlap_steps", "t_save_s", "t_return_s", "t_durable_s", "verified", "error",
-]  # fmt: skip
+    "run_id",
+    "engine",
+    "device",
+    "emulated",
+    "gds_mode",
+    "step",
+    "warmup",
+    "name",
+    "bytes",
+    "stall_s",
+    "persist_s",
+    "total_s",
+    "wait_prev_s",
+    "hash_s",
+    "pinned_bytes",
+    "save_call_s",
+    "overlap_steps",
+    "t_save_s",
+    "t_return_s",
+    "t_durable_s",
+    "verified",
+    "error",
+]
 STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
 
 
@@ -72,8 +104,9 @@ class _Pending:
 class TrainingRun:
     """Runs one config on the run core: every engine in turn, rows into the run directory."""
 
-    def __init__(self, cfg: TrainingConfig, out_root: str, quiet: bool = False,
-                 on_save: OnSave | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: TrainingConfig, out_root: str, quiet: bool = False, on_save: OnSave | None = None
+    ) -> None:
         self.cfg = cfg
         self.out_root = out_root
         self.quiet = quiet
@@ -124,9 +157,11 @@ class TrainingRun:
         core.check_dirs(targets, runnable)
         self._space(targets)
         core.open(resolved(cfg), targets, runnable)
-        core.env["training"] = {"params": param_count(cfg.model),
-                                "state_bytes": state_bytes(cfg.model),
-                                "torch_threads": torch.get_num_threads()}  # fmt: skip
+        core.env["training"] = {
+            "params": param_count(cfg.model),
+            "state_bytes": state_bytes(cfg.model),
+            "torch_threads": torch.get_num_threads(),
+        }
         if core.env["storage"]["shared_device"]:
             core.note("all targets share one device")
         drop = measure.drop_page_cache()
@@ -135,9 +170,11 @@ class TrainingRun:
         core.write_env()
         core.open_writers({STEPS_CSV: STEP_COLUMNS, CKPTS_CSV: CKPT_COLUMNS})
         per = cfg.warmup_steps + cfg.steps
-        core.log(f"training run {core.run_id}: {len(engines)} engine(s) x {cfg.steps} steps "
-                 f"on {self.device.kind}, checkpoint every {cfg.checkpoint_every} "
-                 f"({state_bytes(cfg.model) / 1e6:.0f} MB); results in {core.run_dir}")  # fmt: skip
+        core.log(
+            f"training run {core.run_id}: {len(engines)} engine(s) x {cfg.steps} steps "
+            f"on {self.device.kind}, checkpoint every {cfg.checkpoint_every} "
+            f"({state_bytes(cfg.model) / 1e6:.0f} MB); results in {core.run_dir}"
+        )
         core.progress(per * len(engines), "step")
         self.bar = core.bar
         try:
@@ -149,8 +186,13 @@ class TrainingRun:
         return core.run_dir or ""
 
     def _row(self, engine: str, gds_mode: str) -> dict[str, Any]:
-        return {"run_id": self.run_id, "engine": engine, "device": self.device.kind,
-                "emulated": self.device.emulated, "gds_mode": gds_mode}  # fmt: skip
+        return {
+            "run_id": self.run_id,
+            "engine": engine,
+            "device": self.device.kind,
+            "emulated": self.device.emulated,
+            "gds_mode": gds_mode,
+        }
 
     def _engine(self, engine: str, targets: list[str]) -> None:
         """Train from the same seed with one engine (or none); write its rows."""
@@ -179,12 +221,13 @@ class TrainingRun:
                     t1 = time.perf_counter_ns()
                     self._made.append(name)
                     res = p.wait()
-                    ckpt_rows.append(self._ckpt_row(engine, -1, True, name, p, res,
-                                                    (t1 - t0) / 1e9, t1, t0))  # fmt: skip
+                    ckpt_rows.append(
+                        self._ckpt_row(engine, -1, True, name, p, res, (t1 - t0) / 1e9, t1, t0)
+                    )
                     self._delete(eng, name)
             step_rows, timed = self._loop(engine, tr, eng, prefix)
             ckpt_rows += timed
-        except Exception as e:  # noqa: BLE001 - one engine's failure must not lose the others
+        except Exception as e:  # one engine's failure must not lose the others
             msg = f"{type(e).__name__}: {e}".replace("\n", " ")
             self._failed(engine, msg)
             row = self._row(engine, "none") | {"step": -1, "warmup": False, "error": msg}
@@ -195,14 +238,15 @@ class TrainingRun:
                 for name in list(self._made):  # an error or Ctrl-C left them
                     try:
                         self._delete(eng, name)
-                    except Exception as e:  # noqa: BLE001 - cleanup must not mask the cause
+                    except Exception as e:  # cleanup must not mask the cause
                         self.log(f"could not delete checkpoint {name}: {e}")
                 eng.close()
         self.core.write(step_rows, STEPS_CSV)
         self.core.write(ckpt_rows, CKPTS_CSV)
 
-    def _loop(self, engine: str, tr: Trainer, eng: Any,
-              prefix: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    def _loop(
+        self, engine: str, tr: Trainer, eng: Any, prefix: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The timed steps; returns (step rows, checkpoint rows)."""
         cfg = self.cfg
         sync = self.device.synchronize
@@ -244,20 +288,37 @@ class TrainingRun:
                 live.append(saves[-1])
                 gds_mode = p.result.gds_mode
             t_end = t2 + int(save_call_s * 1e9)
-            steps.append({
-                **self._row(engine, "none"), "step": s,
-                "step_s": (t1 - t0) / 1e9 + save_call_s, "compute_s": (t1 - t0) / 1e9,
-                "save_call_s": save_call_s if ckpt else "", "checkpoint": ckpt,
-                "stall_s": saves[-1].pending.result.stall_s if ckpt else "",
-                "t_start_s": (t0 - t_loop) / 1e9, "t_end_s": (t_end - t_loop) / 1e9,
-                "loss": loss,
-            })  # fmt: skip
+            steps.append(
+                {
+                    **self._row(engine, "none"),
+                    "step": s,
+                    "step_s": (t1 - t0) / 1e9 + save_call_s,
+                    "compute_s": (t1 - t0) / 1e9,
+                    "save_call_s": save_call_s if ckpt else "",
+                    "checkpoint": ckpt,
+                    "stall_s": saves[-1].pending.result.stall_s if ckpt else "",
+                    "t_start_s": (t0 - t_loop) / 1e9,
+                    "t_end_s": (t_end - t_loop) / 1e9,
+                    "loss": loss,
+                }
+            )
             self.bar.update()
         ckpts = []
         for sv in saves:
             res = sv.pending.wait()
-            ckpts.append(self._ckpt_row(engine, sv.step, False, sv.name, sv.pending, res,
-                                        sv.save_call_s, sv.t_return_ns, t_loop))  # fmt: skip
+            ckpts.append(
+                self._ckpt_row(
+                    engine,
+                    sv.step,
+                    False,
+                    sv.name,
+                    sv.pending,
+                    res,
+                    sv.save_call_s,
+                    sv.t_return_ns,
+                    t_loop,
+                )
+            )
         # Which steps ran (at least partly) while a save persisted: they started after its
         # save() returned and before it was durable. The checkpoint step itself is not one.
         for r in steps:
@@ -271,8 +332,11 @@ class TrainingRun:
             last = saves[-1]
             if expected is not None:
                 loaded = eng.load(last.name, device=str(self.device.torch_device))
-                check = verify.first_tensor_difference if eng.traits.loose_keys \
-                    else verify.first_difference  # fmt: skip
+                check = (
+                    verify.first_tensor_difference
+                    if eng.traits.loose_keys
+                    else verify.first_difference
+                )
                 diff = check(expected, loaded)
                 ckpts[-1]["verified"] = diff is None
                 if diff:
@@ -291,15 +355,37 @@ class TrainingRun:
         if name in self._made:
             self._made.remove(name)
 
-    def _ckpt_row(self, engine: str, step: int, warmup: bool, name: str, pending: Any, res: Any,
-                  save_call_s: float, t_return_ns: int, t_loop_ns: int) -> dict[str, Any]:  # fmt: skip
+    def _ckpt_row(
+        self,
+        engine: str,
+        step: int,
+        warmup: bool,
+        name: str,
+        pending: Any,
+        res: Any,
+        save_call_s: float,
+        t_return_ns: int,
+        t_loop_ns: int,
+    ) -> dict[str, Any]:
         """A checkpoint row; times relative to `t_loop_ns` (the start of the timed loop)."""
         t_save = (pending.t0_ns - t_loop_ns) / 1e9  # when the engine's save() started timing
         return {
-            **self._row(engine, res.gds_mode), "step": step, "warmup": warmup, "name": name,
-            "bytes": res.bytes, "stall_s": res.stall_s, "persist_s": res.persist_s,
-            "total_s": res.total_s, "wait_prev_s": res.wait_prev_s, "hash_s": res.hash_s,
-            "pinned_bytes": res.pinned_bytes, "save_call_s": save_call_s, "overlap_steps": 0,
-            "t_save_s": t_save, "t_return_s": (t_return_ns - t_loop_ns) / 1e9,
-            "t_durable_s": t_save + res.total_s, "verified": "", "error": "",
-        }  # fmt: skip
+            **self._row(engine, res.gds_mode),
+            "step": step,
+            "warmup": warmup,
+            "name": name,
+            "bytes": res.bytes,
+            "stall_s": res.stall_s,
+            "persist_s": res.persist_s,
+            "total_s": res.total_s,
+            "wait_prev_s": res.wait_prev_s,
+            "hash_s": res.hash_s,
+            "pinned_bytes": res.pinned_bytes,
+            "save_call_s": save_call_s,
+            "overlap_steps": 0,
+            "t_save_s": t_save,
+            "t_return_s": (t_return_ns - t_loop_ns) / 1e9,
+            "t_durable_s": t_save + res.total_s,
+            "verified": "",
+            "error": "",
+        }

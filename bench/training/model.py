@@ -21,8 +21,9 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(m.vocab, m.d_model)
         self.pos = nn.Embedding(m.seq_len, m.d_model)
-        layer = nn.TransformerEncoderLayer(m.d_model, m.n_heads, m.d_ff, dropout=0.0,
-                                           batch_first=True, norm_first=True)  # fmt: skip
+        layer = nn.TransformerEncoderLayer(
+            m.d_model, m.n_heads, m.d_ff, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, m.n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(m.d_model)
         self.head = nn.Linear(m.d_model, m.vocab, bias=False)
@@ -47,8 +48,9 @@ class Trainer:
     def __post_init__(self) -> None:
         torch.manual_seed(self.cfg.seed)
         self.model = TinyGPT(self.cfg.model).to(self.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr,
-                                     weight_decay=self.cfg.weight_decay)  # fmt: skip
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+        )
         self.gen = torch.Generator().manual_seed(self.cfg.seed + 1)
 
     def batch(self) -> torch.Tensor:
@@ -60,8 +62,9 @@ class Trainer:
         """Forward, backward, optimizer step; returns the loss."""
         x = self.batch()
         logits = self.model(x[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                           x[:, 1:].reshape(-1))  # fmt: skip
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)
+        )
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()

@@ -29,13 +29,19 @@ def _gpt2_shapes(a: Arch) -> list[tuple[str, tuple[int, ...]]]:
     for i in range(a.n_layer):
         p = f"h.{i}."
         shapes += [
-            (p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)),
-            (p + "attn.c_attn.weight", (d, 3 * d)), (p + "attn.c_attn.bias", (3 * d,)),
-            (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)),
-            (p + "ln_2.weight", (d,)), (p + "ln_2.bias", (d,)),
-            (p + "mlp.c_fc.weight", (d, 4 * d)), (p + "mlp.c_fc.bias", (4 * d,)),
-            (p + "mlp.c_proj.weight", (4 * d, d)), (p + "mlp.c_proj.bias", (d,)),
-        ]  # fmt: skip
+            (p + "ln_1.weight", (d,)),
+            (p + "ln_1.bias", (d,)),
+            (p + "attn.c_attn.weight", (d, 3 * d)),
+            (p + "attn.c_attn.bias", (3 * d,)),
+            (p + "attn.c_proj.weight", (d, d)),
+            (p + "attn.c_proj.bias", (d,)),
+            (p + "ln_2.weight", (d,)),
+            (p + "ln_2.bias", (d,)),
+            (p + "mlp.c_fc.weight", (d, 4 * d)),
+            (p + "mlp.c_fc.bias", (4 * d,)),
+            (p + "mlp.c_proj.weight", (4 * d, d)),
+            (p + "mlp.c_proj.bias", (d,)),
+        ]
     shapes += [("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
     return shapes
 
@@ -50,12 +56,16 @@ def _llama_shapes(a: Arch, world_size: int, rank: int) -> list[tuple[str, tuple[
     for i in range(lo, hi):
         p = f"model.layers.{i}."
         shapes += [
-            (p + "self_attn.q_proj.weight", (d, d)), (p + "self_attn.k_proj.weight", (d, d)),
-            (p + "self_attn.v_proj.weight", (d, d)), (p + "self_attn.o_proj.weight", (d, d)),
-            (p + "mlp.gate_proj.weight", (f, d)), (p + "mlp.up_proj.weight", (f, d)),
+            (p + "self_attn.q_proj.weight", (d, d)),
+            (p + "self_attn.k_proj.weight", (d, d)),
+            (p + "self_attn.v_proj.weight", (d, d)),
+            (p + "self_attn.o_proj.weight", (d, d)),
+            (p + "mlp.gate_proj.weight", (f, d)),
+            (p + "mlp.up_proj.weight", (f, d)),
             (p + "mlp.down_proj.weight", (d, f)),
-            (p + "input_layernorm.weight", (d,)), (p + "post_attention_layernorm.weight", (d,)),
-        ]  # fmt: skip
+            (p + "input_layernorm.weight", (d,)),
+            (p + "post_attention_layernorm.weight", (d,)),
+        ]
     if rank == world_size - 1:
         shapes += [("model.norm.weight", (d,)), ("lm_head.weight", (a.vocab, d))]
     return shapes
@@ -103,10 +113,18 @@ def model_state(
             "state": per_param,
             "param_groups": [
                 {
-                    "lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1,
-                    "amsgrad": False, "foreach": None, "maximize": False, "capturable": False,
-                    "differentiable": False, "fused": None, "params": list(range(len(shapes))),
+                    "lr": 3e-4,
+                    "betas": (0.9, 0.95),
+                    "eps": 1e-8,
+                    "weight_decay": 0.1,
+                    "amsgrad": False,
+                    "foreach": None,
+                    "maximize": False,
+                    "capturable": False,
+                    "differentiable": False,
+                    "fused": None,
+                    "params": list(range(len(shapes))),
                 }
             ],
-        }  # fmt: skip
+        }
     return state

@@ -5,7 +5,7 @@
 - O_DIRECT write of one 16 MiB chunk with bench.layout.write_piece, aligned (the packed layout)
   and unaligned (the direct layout: head and tail blocks through a bounce buffer); write+fsync
   of 64 MiB, O_DIRECT and buffered;
-- checksum: bench.manifest.checksum (xxh3) over 64 MiB;
+- checksum: bench.checksums.checksum (xxh3) over 64 MiB;
 - manifest commit: bench.manifest.commit of a 1000-tensor manifest (temp file, fsync, rename,
   fsync of the directory), and its JSON serialisation alone.
 
@@ -38,9 +38,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench import layout, manifest, odirect
+from bench import checksums, layout, manifest, odirect
 from bench.devices import Device, detect
 from bench.staging import Staging
+from bench.tree import flatten
 from bench.workloads import fill_random, synthetic_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +218,7 @@ def test_snapshot_copy(
     """The stall of a snapshot engine. `threads=all` runs as the engine does (torch's default
     intra-op threads, one per core); `threads=1` copies each tensor on one thread, which shows
     how much of the time, and of its spread on a busy host, comes from torch's parallel copy."""
-    _, tensors = manifest.flatten(snapshot_state(tensor_bytes))
+    _, tensors = flatten(snapshot_state(tensor_bytes))
     entries = [manifest.tensor_entry(p, t) for p, t in tensors]
     offsets, used = layout.pack_offsets(entries)
     assert not staging.ensure(used), "staging must already be large enough (warm)"
@@ -343,9 +344,9 @@ def test_checksum(benchmark: Any, record_throughput: Callable[[Any, int], None])
     buf = _random_host_buffer(CHECKSUM_BYTES, seed=2)
     try:
         digest = benchmark.pedantic(
-            manifest.checksum, args=(buf.array,), rounds=20, warmup_rounds=2
+            checksums.checksum, args=(buf.array,), rounds=20, warmup_rounds=2
         )
-        assert digest == manifest.checksum(bytes(buf.array))
+        assert digest == checksums.checksum(bytes(buf.array))
     finally:
         buf.close()
     record_throughput(benchmark, CHECKSUM_BYTES)
@@ -378,7 +379,7 @@ def _model_like_manifest(targets: list[str], n_params: int = 250) -> manifest.Ma
         },
         "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.95), "params": list(range(n_params))}],
     }
-    tree, tensors = manifest.flatten({"model": model, "optim": optim, "step": 1000})
+    tree, tensors = flatten({"model": model, "optim": optim, "step": 1000})
     entries = [manifest.tensor_entry(p, t) for p, t in tensors]
     offsets, used = layout.pack_offsets(entries)
     _, file_bytes = layout.packed(

@@ -1,0 +1,61 @@
+"""Checksums of tensor bytes: xxh3-64 on the host, and `wsum64`, computed by torch kernels where
+the bytes are (on the GPU for device memory); and checking a tensor's bytes against the one its
+manifest entry records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import xxhash
+
+
+def checksum(view: Any) -> str:
+    """xxh3-64 of a bytes-like object, as 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(view)
+
+
+WSUM_PIECE = 1 << 24  # words per step of device_checksum (bounds its temporary memory)
+
+
+def device_checksum(mem: torch.Tensor) -> str:
+    """A checksum of a flat uint8 tensor computed by torch kernels where the bytes are (on the
+    GPU for a CUDA tensor), so that checking device memory needs no copy to the host.
+
+    Algorithm `wsum64`: the bytes as little-endian 32-bit words w_1..w_n (the last one
+    zero-padded), S1 = sum of w_i and S2 = sum of i * w_i, both modulo 2^64, and the byte count.
+    Like Fletcher's checksum it catches any change of one word and any swap of two different
+    words; it is not a cryptographic hash. Modular sums do not depend on the order of the
+    reduction, so CPU and GPU give the same digest.
+    """
+    nbytes = mem.numel()
+    if mem.data_ptr() % 4:
+        mem = mem.clone()  # a 32-bit view needs 4-byte alignment
+    full = nbytes // 4 * 4
+    if nbytes > full:
+        tail = torch.zeros(4, dtype=torch.uint8, device=mem.device)
+        tail[: nbytes - full] = mem[full:]
+        words = torch.cat([mem[:full], tail]).view(torch.int32)
+    else:
+        words = mem[:full].view(torch.int32)
+    s1 = torch.zeros((), dtype=torch.int64, device=mem.device)
+    s2 = torch.zeros((), dtype=torch.int64, device=mem.device)
+    for lo in range(0, words.numel(), WSUM_PIECE):
+        w = words[lo : lo + WSUM_PIECE].to(torch.int64) & 0xFFFFFFFF
+        i = torch.arange(lo + 1, lo + 1 + w.numel(), dtype=torch.int64, device=mem.device)
+        s1 += w.sum()
+        s2 += (w * i).sum()  # int64 arithmetic wraps modulo 2^64 on CPU and GPU alike
+    mask = (1 << 64) - 1
+    return f"{int(s1) & mask:016x}{int(s2) & mask:016x}-{nbytes:x}"
+
+
+def entry_matches(e: Any, mem: Any) -> bool:
+    """Whether the bytes of tensor `e` (a flat uint8 numpy array or tensor) match its
+    checksum; True when it has none."""
+    if e.xxh3 is not None:
+        host = mem.numpy() if isinstance(mem, torch.Tensor) else mem
+        return checksum(host) == e.xxh3
+    if e.wsum64 is not None:
+        t = torch.from_numpy(mem) if not isinstance(mem, torch.Tensor) else mem
+        return device_checksum(t) == e.wsum64
+    return True
