@@ -1,54 +1,49 @@
-"""The analytical model of one GPU's checkpoint: stall, time to durability and host memory per
-engine, and the SSD count per GPU that GPUDirect Storage needs to stall no longer than a
-CPU-centric snapshot.
+"""The analytical model: stall, time to durability and host memory of each engine's checkpoint
+when g GPUs of one host checkpoint at once (the case the paper is about), and the SSD count per
+GPU that GPUDirect Storage needs to stall no longer than a CPU-centric snapshot. One function,
+`predict`, gives every number: the tables, the headline, Figure 2 and Figure 4.
 
-Symbols (one GPU's share; bandwidths in B/s):
+Symbols (bandwidths in B/s):
 
-    S     checkpoint size (one GPU's shard)
-    b     device-to-host bandwidth of the GPU's link (D2H)
+    S     checkpoint size of one GPU (its shard)
+    b     device-to-host bandwidth of one GPU's link (D2H)
     L     the GPU's link for peer-to-peer GDS writes (defaults to b: the same x16 link)
-    w     sequential write bandwidth of one SSD; n SSDs per GPU
-    W(n)  aggregate write bandwidth: n * w, or w when every target is on one device
-    g     GPUs sharing the host path (they checkpoint at once and share host memory)
-    C     host memory-copy bandwidth of the whole host; c = C / g is one GPU's share
+    C     what the host's memory takes in, all GPUs together (memory-copy bandwidth)
+    w     sequential write bandwidth of one SSD; W(m) that of m SSDs (m w, or as measured; w
+          when every target is on one device)
+    P(m)  the page-cache path's own rate to durability over m SSDs (buffered write + fsync;
+          min(C, W(m)) unless measured)
+    z     serialisation rate of a library that turns tensors into a file format on the CPU
+          (torch.save's zip, DCP's items); unlimited unless measured or given
+    g     GPUs of the host checkpointing at once, sharing its m SSDs (m = n g for n per GPU)
 
-    engine      stall                     time to durability            host memory
-    gds         S / min(L, W(n))          = stall                       0
-    cpu-single  S / b                     S/b + S/W(n)                  S   (pinned staging)
-    cpu-double  S / b                     S/b + S/min(c, W(n))          2 S (staging + page cache)
-    torch-save  S/b + S/min(c, w)         = stall (one file, 1 SSD)     S   (page cache)
-    dcp         S / b                     S/b + S/min(c, w) (1 SSD)     2 S (staging + page cache)
+    per GPU:  d = min(b, C / g)        its snapshot bandwidth (its share of the host's intake)
+              W_g = W(m) / g           its share of the storage (striped over all m SSDs)
+              w_1 = w / g              its share of the first SSD (engines that do not stripe,
+                                       with targets shared; min(w, W_g) with dedicated ones)
 
-    GDS stall / CPU-centric stall   R(n) = b / min(L, W(n))
-    break-even                      n* = b / w   (R(n) <= 1 for n >= n*; infinite if L < b, or
-                                    if all targets share one device and w < b)
+    engine (traits)                        write rate r                  stall        durable
+    from device (gds)                      W_g                           S/min(L,r)   = stall
+    snapshot, O_DIRECT (cpu-single)        W_g                           S/d          S/d + S/r
+    snapshot, page cache (cpu-double)      min(P(m)/g, C/g)              S/d          S/d + S/r
+    durable, page cache, 1 SSD (torch-save) min(P(1)/g, C/g, z)          S/d + S/r    = stall
+    snapshot, page cache, 1 SSD (dcp)      min(P(1)/g, C/g, z)           S/d          S/d + S/r
 
-Many GPUs of one host checkpointing at once (`predict_shared`): g ranks, each saving its shard
-S_r, share the host's m SSDs and its memory bandwidth C (g = GPUs per host, m = SSDs per host
-when all of them save together). Every rank gets a fair share:
+    host memory = host copies x S (0 gds, 1 cpu-single and torch-save, 2 cpu-double and dcp)
 
-    W_h = W(m) (the host's storage), W_r = W_h / g, c_g = C / g, s_g = min(b, c_g) (snapshot)
-    s1  = w / g with shared targets (every rank's first target is the host's first SSD), or
-          min(w, W_r) with dedicated ones
+    GDS stall / CPU-centric stall   R = d / min(L, n w) with n SSDs per GPU
+    break-even                      n* = d / w = min(b, C/g) / w (infinite if L < d, or if all
+                                    targets share one device and w < d)
 
-    engine      per-rank stall              per-rank time to durability
-    gds         S_r / min(L, W_r)           = stall
-    cpu-single  S_r / s_g                   S_r/s_g + S_r/W_r
-    cpu-double  S_r / s_g                   S_r/s_g + S_r/min(c_g, W_r)
-    torch-save  S_r/s_g + S_r/min(c_g, s1)  = stall
-    dcp         S_r / s_g                   S_r/s_g + S_r/min(c_g, s1)
+Every engine is placed by its traits (bench.engines.traits), read from the run's env.json, so a
+new engine gets its line without a change here. On a measured run (`from_run`) the inputs are
+the run's device ceilings, never the engines' own rows: b and C the copy (or device-to-host)
+ceiling, W(n) and P(n) the O_DIRECT and buffered ceilings of n targets, z the torch.save
+ceiling; the model then predicts every engine's rows (`model_vs_measured`).
 
-    aggregate write bandwidth = g S_r / (per-rank time to durability)
-
-Shared and dedicated targets get the same share of W_h here (the model has no interference
-between ranks beyond bandwidth): their difference in a measured run is what it leaves out.
-
-Assumptions: the snapshot and the persist phases of the CPU-centric engines run one after the
-other (as the engines do); the page-cache copy of buffered writes overlaps the writeback; D2H
-contention between GPUs and DRAM bandwidth for DMA are not modelled (give a lower `d2h` if
-GPUs share one uplink). torch.save's own serialisation cost is not modelled: it is known to
-reach under a third of NVMe write speed (pytorch/pytorch issue 124195), so expect the model to
-be optimistic for it.
+Assumptions: the snapshot and persist phases run one after the other (as the engines do); every
+GPU gets a fair share of the host's intake and storage; interference beyond bandwidth (locks,
+page-cache reclaim, a memory balloon) is not modelled.
 
 Inputs come from hardware profiles (`configs/hardware/*.yaml`, every figure with its kind and
 source) or from a measured run (`from_run`).
@@ -76,19 +71,23 @@ THIS_MACHINE = "this-machine"
 GB = 1e9
 
 FORMULAS_MD = """\
-| engine | stall | time to durability | host memory |
-|---|---|---|---|
-| gds | S / min(L, W(n)) | = stall | 0 |
-| cpu-single | S / b | S/b + S/W(n) | S (pinned staging) |
-| cpu-double | S / b | S/b + S/min(c, W(n)) | 2 S (staging + page cache) |
-| torch-save | S/b + S/min(c, w) | = stall (one file, first SSD) | S (page cache) |
-| dcp | S / b | S/b + S/min(c, w) (first SSD) | 2 S (staging + page cache) |
+g GPUs of one host checkpoint at once; each has d = min(b, C/g) into host memory, W_g = W(m)/g of
+the storage (m SSDs shared), and writes through the page cache at up to C/g.
 
-S: checkpoint size of one GPU; b: device-to-host bandwidth; L: the GPU's link for GDS
-(= b unless given); w: write bandwidth of one SSD, n SSDs per GPU, W(n) = n w (= w when all
-targets share one device); c = C / g: the host's memory-copy bandwidth C shared by the g GPUs
-that checkpoint at once. GDS stall / CPU-centric stall R(n) = b / min(L, W(n)); break-even
-n* = b / w SSDs per GPU."""
+| engine | write rate r | stall | time to durability | host memory |
+|---|---|---|---|---|
+| gds (from device) | W_g | S / min(L, r) | = stall | 0 |
+| cpu-single (snapshot, O_DIRECT) | W_g | S / d | S/d + S/r | S (pinned staging) |
+| cpu-double (snapshot, page cache) | min(P(m)/g, C/g) | S / d | S/d + S/r | 2 S (staging + page cache) |
+| torch-save (durable, page cache, 1 SSD) | min(P(1)/g, C/g, z) | S/d + S/r | = stall | S (page cache) |
+| dcp (snapshot, page cache, 1 SSD) | min(P(1)/g, C/g, z) | S / d | S/d + S/r | 2 S (staging + page cache) |
+
+S: checkpoint size of one GPU; b: its device-to-host link; L: its link for GDS (= b unless
+given); C: what the host's memory takes in from all GPUs; w: one SSD's write bandwidth, W(m) of
+m SSDs (m w; w when all targets share one device; as measured on this machine); P(m): the
+page-cache path to durability (as measured, else W(m)); z: the serialisation rate of torch.save
+and DCP (as measured). GDS stall / CPU-centric stall R = d / min(L, n w) with n SSDs per GPU;
+break-even n* = d / w. Every engine is placed by its traits, so a new one gets its row."""
 
 
 Kind = Literal["measured", "vendor rating", "spec", "assumed", "derived", "from run"]
@@ -150,6 +149,10 @@ class Profile:
     notes: tuple[str, ...] = ()
     gpus_per_host: int | None = None  # None: gpus_sharing_host
     ssds_per_host: int | None = None  # None: ssds_per_gpu x GPUs per host
+    # Measured on this machine (from_run): W(n) and P(n) by target count, and z.
+    direct_by_n: tuple[tuple[int, float], ...] = ()
+    buffered_by_n: tuple[tuple[int, float], ...] = ()
+    serialize_Bps: float | None = None
 
     @property
     def host_gpus(self) -> int:
@@ -168,8 +171,18 @@ class Profile:
         return self.host_copy_Bps / self.gpus_sharing_host
 
     def storage_Bps(self, n: float) -> float:
-        """W(n): aggregate write bandwidth of n SSDs (no scaling when they share one device)."""
+        """W(n): aggregate write bandwidth of n SSDs (as measured for n targets, when it was;
+        no scaling when they share one device)."""
+        measured = dict(self.direct_by_n)
+        if n in measured:
+            return measured[n]
         return self.ssd_write_Bps if self.shared_device else n * self.ssd_write_Bps
+
+    def page_cache_Bps(self, n: float) -> float:
+        """P(n): the page-cache path's rate to durability over n SSDs (as measured, else W(n);
+        the host's copy share bounds it in `predict`)."""
+        measured = dict(self.buffered_by_n)
+        return measured.get(n, self.storage_Bps(n))
 
 
 @dataclass(frozen=True)
@@ -188,30 +201,40 @@ def traits_of(engine: str, traits: Traits | None = None) -> Traits:
     return t
 
 
-def _through(
-    t: Traits, s: float, snap_bw: float, link: float, storage: float, first: float, copy: float
-) -> tuple[float, float]:
-    """(stall, time to durability) of `s` bytes through an engine with traits `t`: `storage`
-    the write bandwidth of its targets when it stripes, `first` when it writes one target,
-    `copy` the memory-copy share that bounds a page-cache path, `snap_bw` its snapshot."""
-    w = storage if t.stripes else first
-    if t.from_device:  # straight from device memory: no snapshot, stalls until durable
-        d = s / min(link, w)
-        return d, d
-    write = s / (min(copy, w) if t.page_cache else w)
-    snap = s / snap_bw
-    return (snap if t.stall == "snapshot" else snap + write), snap + write
-
-
 def predict(
-    p: Profile, engine: str, n_ssds: float, size: float | None = None, traits: Traits | None = None
+    p: Profile,
+    engine: str,
+    ssds: float | None = None,
+    size: float | None = None,
+    traits: Traits | None = None,
+    g: int | None = None,
+    mapping: str = "shared",
 ) -> Prediction:
-    """Stall, time to durability and host memory of one GPU's checkpoint through `engine`."""
+    """One GPU's stall, time to durability and host memory when `g` GPUs of the host (default:
+    the profile's `gpus_sharing_host`) checkpoint at once over `ssds` SSDs they share (default:
+    `ssds_per_gpu` for each of them). `mapping` (shared or dedicated targets) matters only for
+    the engines that write one target. The module docstring gives the formulas."""
     t = traits_of(engine, traits)
+    g = g or p.gpus_sharing_host
+    m = float(p.ssds_per_gpu * g if ssds is None else ssds)
     s = float(p.size_bytes if size is None else size)
-    stall, durable = _through(
-        t, s, p.d2h_Bps, p.link, p.storage_Bps(n_ssds), p.ssd_write_Bps, p.copy_per_gpu
-    )
+    copy = p.host_copy_Bps / g
+    d = min(p.d2h_Bps, copy)
+    if t.stripes:
+        direct, cache = p.storage_Bps(m) / g, p.page_cache_Bps(m) / g
+    else:
+        w_r = p.storage_Bps(m) / g
+        direct = p.storage_Bps(1) / g if mapping == "shared" else min(p.storage_Bps(1), w_r)
+        cache = p.page_cache_Bps(1) / g if mapping == "shared" else min(p.page_cache_Bps(1), w_r)
+    rate = min(cache, copy) if t.page_cache else direct
+    if t.serializes and p.serialize_Bps:
+        rate = min(rate, p.serialize_Bps)
+    if t.from_device:  # straight from device memory: no snapshot, stalls until durable
+        dur = s / min(p.link, rate)
+        return Prediction(engine, dur, dur, t.host_copies * s)
+    snap = s / d
+    durable = snap + s / rate
+    stall = snap if t.stall == "snapshot" else durable
     return Prediction(engine, stall, durable, t.host_copies * s)
 
 
@@ -224,48 +247,57 @@ def predict_shared(
     mapping: str = "shared",
     traits: Traits | None = None,
 ) -> Prediction:
-    """Per-rank stall, time to durability and host memory when `ranks` ranks of one host save a
-    shard of `size` each at once over the host's `ssds_host` SSDs (default: the profile's GPUs
-    and SSDs per host); `mapping` (shared or dedicated) matters only for the engines that write
-    into each rank's first target. See the module docstring for the formulas."""
+    """`predict` for `ranks` GPUs of one host sharing its `ssds_host` SSDs (default: all the
+    host's); kept for the multi-rank analysis."""
     if ranks < 1:
         raise UserError(f"model: ranks must be at least 1, got {ranks}")
-    t = traits_of(engine, traits)
-    g = float(ranks)
-    s = float(p.size_bytes if size is None else size)
-    m = float(p.host_ssds if ssds_host is None else ssds_host)
-    w_r = p.storage_Bps(m) / g
-    c_g = p.host_copy_Bps / g
-    first = p.ssd_write_Bps / g if mapping == "shared" else min(p.ssd_write_Bps, w_r)
-    stall, durable = _through(t, s, min(p.d2h_Bps, c_g), p.link, w_r, first, c_g)
-    return Prediction(engine, stall, durable, t.host_copies * s)
+    m = p.host_ssds if ssds_host is None else ssds_host
+    return predict(p, engine, m, size, traits, g=ranks, mapping=mapping)
 
 
-def predict_all(p: Profile, n_ssds: float, size: float | None = None) -> list[Prediction]:
-    return [predict(p, e, n_ssds, size) for e in ENGINES]
+def predict_all(
+    p: Profile, n_per_gpu: float, size: float | None = None, g: int | None = None
+) -> list[Prediction]:
+    """Every built-in engine with n SSDs per GPU, g GPUs at once (default: the profile's)."""
+    g = g or p.gpus_sharing_host
+    return [predict(p, e, n_per_gpu * g, size, g=g) for e in ENGINES]
 
 
-def stall_ratio(p: Profile, n_ssds: Any) -> Any:
-    """R(n) = GDS stall / CPU-centric stall = b / min(L, W(n)); works on arrays."""
-    n = np.asarray(n_ssds, dtype=float)
-    wn = np.full_like(n, p.ssd_write_Bps) if p.shared_device else n * p.ssd_write_Bps
-    r = p.d2h_Bps / np.minimum(p.link, wn)
-    return float(r) if r.ndim == 0 else r
+def snapshot_Bps(p: Profile, g: int | None = None) -> float:
+    """d = min(b, C / g): one GPU's snapshot bandwidth when g GPUs checkpoint at once."""
+    return min(p.d2h_Bps, p.host_copy_Bps / (g or p.gpus_sharing_host))
 
 
-def break_even(p: Profile) -> float:
-    """n*: SSDs per GPU from which GDS stalls no longer than a CPU-centric snapshot (may be inf)."""
-    if p.link < p.d2h_Bps:
+def stall_ratio(p: Profile, n_ssds: Any, g: int | None = None) -> Any:
+    """R = GDS stall / CPU-centric stall with n SSDs per GPU and g GPUs at once (`predict` of
+    gds over cpu-single); works on arrays."""
+    g = g or p.gpus_sharing_host
+    n = np.atleast_1d(np.asarray(n_ssds, dtype=float))
+    r = np.array(
+        [
+            predict(p, "gds", x * g, 1.0, g=g).stall_s
+            / predict(p, "cpu-single", x * g, 1.0, g=g).stall_s
+            for x in n
+        ]
+    )
+    return float(r[0]) if np.ndim(n_ssds) == 0 else r
+
+
+def break_even(p: Profile, g: int | None = None) -> float:
+    """n*: SSDs per GPU from which GDS stalls no longer than a CPU-centric snapshot, with g
+    GPUs at once (may be inf); the closed form of `stall_ratio` = 1."""
+    d = snapshot_Bps(p, g)
+    if p.link < d:
         return math.inf
-    n = p.d2h_Bps / p.ssd_write_Bps
-    if p.shared_device:
-        return 1.0 if n <= 1 else math.inf
+    n = d / p.ssd_write_Bps
+    if p.shared_device or p.direct_by_n:
+        return 1.0 if stall_ratio(p, 1, g) <= 1 else math.inf
     return n
 
 
-def break_even_ssds(p: Profile) -> int | None:
+def break_even_ssds(p: Profile, g: int | None = None) -> int | None:
     """The whole number of SSDs per GPU for the break-even (None: never)."""
-    n = break_even(p)
+    n = break_even(p, g)
     return None if math.isinf(n) else max(1, math.ceil(n - 1e-9))
 
 
@@ -369,7 +401,87 @@ def _ceiling(env: dict[str, Any], key: str) -> float | None:
 
 
 def from_run(run: Any) -> Profile:
-    """'This machine' calibrated from a measured run (analysis.runs.Run).
+    """'This machine' calibrated from a measured run (analysis.runs.Run): from its device
+    ceilings (the best of before and after the sweep), never from the engines' own rows, so that
+    `model_vs_measured` is a prediction. b: the device-to-host ceiling (host-emulated: the copy
+    ceiling, with the snapshot's threads); C: the copy ceiling; W(n) and P(n): the O_DIRECT and
+    buffered + fsync ceilings of n targets; z: the torch.save ceiling. A run without ceilings
+    (made before they were measured) falls back on its single-copy engine's rows, and says so.
+    """
+    from analysis.runs import ceilings
+
+    c = ceilings(run.env)
+    if not c or not c.get("per_ssd_count"):
+        return _from_rows(run)
+    rid, tag = run.run_id, "from run"
+    shared = bool(run.shared_device)
+    per_n = {int(n): v for n, v in c["per_ssd_count"].items()}
+    direct = tuple(
+        (n, float(v["direct_write_Bps"]))
+        for n, v in sorted(per_n.items())
+        if v.get("direct_write_Bps")
+    )
+    buffered = tuple(
+        (n, float(v["buffered_write_Bps"]))
+        for n, v in sorted(per_n.items())
+        if v.get("buffered_write_Bps")
+    )
+    n_min, w_min = direct[0]
+    copy = float(c["copy_Bps"])
+    d2h = float(c.get("d2h_Bps") or copy)
+    emu = " (host-emulated: a host memory copy)" if run.emulated else ""
+    threads = c.get("copy_threads", 1)
+    sources = {
+        "d2h_GBps": (
+            tag,
+            f"env.json ceilings of run {rid}: "
+            + (
+                "d2h_Bps"
+                if c.get("d2h_Bps")
+                else f"copy_Bps{emu}, {threads} threads as the snapshot"
+            ),
+        ),
+        "ssd_write_GBps": (
+            tag,
+            f"env.json ceilings.direct_write_Bps of {n_min} target(s), run {rid}"
+            + (" (all targets on one device)" if shared else f", divided by {n_min}"),
+        ),
+        "ssds_per_gpu": (tag, "distinct devices under the run's targets (env.json storage)"),
+        "gpus_sharing_host": ("assumed", "one process checkpoints at a time"),
+        "host_copy_GBps": (tag, f"env.json ceilings.copy_Bps of run {rid}"),
+        "checkpoint_size": (tag, "the largest checkpoint of the run"),
+    }
+    n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
+    notes = [
+        f"W(n) and P(n) as measured for n = {', '.join(str(n) for n, _ in direct)} "
+        "target(s); z = torch.save into memory "
+        + (f"{c['serialize_Bps'] / GB:.2f} GB/s" if c.get("serialize_Bps") else "(not measured)")
+    ]
+    if shared:
+        notes.append("all targets share one device: SSD-count scaling is not real")
+    if run.emulated:
+        notes.append("host-emulated run: 'D2H' is a host memory copy, gds is O_DIRECT from memory")
+    return Profile(
+        name=THIS_MACHINE,
+        description=f"this machine ({run.env.get('host', '?')}, "
+        f"{run.env.get('cpu', {}).get('model', '?')}), from the ceilings of run {rid}",
+        d2h_Bps=d2h,
+        ssd_write_Bps=w_min if shared else w_min / n_min,
+        ssds_per_gpu=max(1, n_dev),
+        gpus_sharing_host=1,
+        host_copy_Bps=copy,
+        size_bytes=int(run.ok["total_bytes"].max()),
+        shared_device=shared,
+        sources=sources,
+        notes=tuple(notes),
+        direct_by_n=direct,
+        buffered_by_n=buffered,
+        serialize_Bps=c.get("serialize_Bps"),
+    )
+
+
+def _from_rows(run: Any) -> Profile:
+    """'This machine' from the single-copy engine's rows of a run without ceilings.
 
     d2h and host copy: the env.json ceilings when present, else the median snapshot bandwidth
     of cpu-single (total_bytes / stall_s), which stands for D2H (and, host-emulated, for a host
@@ -522,19 +634,23 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def describe_break_even(p: Profile) -> str:
-    n = break_even(p)
-    b, w = p.d2h_Bps / GB, p.ssd_write_Bps / GB
+def describe_break_even(p: Profile, g: int | None = None) -> str:
+    """The headline: break-even SSDs per GPU with g GPUs at once (default: the profile's)."""
+    g = g or p.gpus_sharing_host
+    n = break_even(p, g)
+    d, w = snapshot_Bps(p, g) / GB, p.ssd_write_Bps / GB
+    at = f" with {g} GPU(s) checkpointing at once" if g > 1 else ""
     if math.isinf(n):
-        if p.shared_device:
+        if p.shared_device or p.direct_by_n:
             return (
-                f"break-even: never on this storage (all targets share one device: "
-                f"{w:.2f} GB/s < b = {b:.2f} GB/s, and adding targets does not add bandwidth)"
+                f"break-even{at}: never on this storage (all targets share one device: "
+                f"{w:.2f} GB/s < d = {d:.2f} GB/s, and adding targets does not add bandwidth)"
             )
-        return f"break-even: never (GDS link L = {p.link / GB:.2f} GB/s < b = {b:.2f} GB/s)"
+        return f"break-even{at}: never (GDS link L = {p.link / GB:.2f} GB/s < d = {d:.2f} GB/s)"
     return (
-        f"break-even: {break_even_ssds(p)} SSDs per GPU (n* = b / w = {b:.2f} / {w:.2f} = {n:.2f}); "
-        f"today's 8-GPU servers carry about 1 data SSD per GPU (shared/reference/figures.md)"
+        f"break-even{at}: {break_even_ssds(p, g)} SSDs per GPU (n* = d / w = {d:.2f} / {w:.2f} "
+        f"= {n:.2f}, d = min(b, C/g)); GDS stalls {stall_ratio(p, p.ssds_per_gpu, g):.2f}x as "
+        f"long as a CPU-centric snapshot with the {p.ssds_per_gpu} SSD(s) per GPU of this host"
     )
 
 
@@ -550,8 +666,12 @@ def feasibility_text(p: Profile) -> str:
     lines += [f"  [{i}] {s}" for i, s in enumerate(sources, 1)]
     for note in p.notes:
         lines.append(f"note: {note}")
-    n = p.ssds_per_gpu
-    lines += ["", f"one GPU's checkpoint of {fmt_bytes(p.size_bytes)} with {n} SSD(s) per GPU:"]
+    n, g = p.ssds_per_gpu, p.gpus_sharing_host
+    lines += [
+        "",
+        f"each GPU's checkpoint of {fmt_bytes(p.size_bytes)}, {g} GPU(s) at once, "
+        f"{n} SSD(s) per GPU:",
+    ]
     rows = []
     for pr in predict_all(p, n):
         rows.append(
@@ -565,7 +685,7 @@ def feasibility_text(p: Profile) -> str:
     lines.append(text_table(["engine", "stall s", "durable s", "host memory"], rows))
     counts = ratio_counts(p)
     ratios = stall_ratio(p, counts)
-    lines += ["", "GDS stall / CPU-centric stall, by SSDs per GPU:"]
+    lines += ["", f"GDS stall / CPU-centric stall, by SSDs per GPU ({g} GPU(s) at once):"]
     lines.append(
         text_table(
             ["SSDs per GPU", *[str(c) for c in counts]],
@@ -595,7 +715,111 @@ def sharing_text(p: Profile) -> str:
     for g in counts:
         cells = []
         for e in ENGINES:
-            pr = predict_shared(p, e, g, m)
+            pr = predict(p, e, m, g=g)
             cells.append(f"{pr.stall_s:.3g} ({g * p.size_bytes / pr.durable_s / GB:.3g})")
         rows.append([str(g), *cells])
     return head + "\n" + text_table(["g GPUs", *ENGINES], rows)
+
+
+# --- what checkpointing costs training -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How often to checkpoint through one engine, and what it costs (seconds, fractions)."""
+
+    engine: str
+    interval_s: float  # compute time between checkpoints
+    lost_fraction: float  # expected fraction of wall time lost to stalls and rework
+    stall_s: float
+    durable_s: float
+    host_bytes: float
+    limited_by_persist: bool  # the optimum was shorter than the time to persist
+
+
+def plan(
+    p: Profile,
+    mtbf_s: float,
+    restart_s: float = 0.0,
+    g: int | None = None,
+    traits: dict[str, Traits] | None = None,
+) -> list[Plan]:
+    """The checkpoint interval that minimises lost time per engine, with the engine's stall as
+    the checkpoint cost delta and failures every `mtbf_s` on average (Daly's higher-order
+    estimate of Young's optimum, see analysis/README.md):
+
+        tau = sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + delta / 18M) - delta   (delta < 2M)
+        tau = M                                                                   (else)
+
+    A path that persists in the background never checkpoints faster than it persists
+    (tau >= durable - stall), and a failure loses the work since the last *durable*
+    checkpoint. Expected lost fraction, first order:
+
+        f = delta / (tau + delta) + (tau / 2 + (durable - stall) + restart) / M
+    """
+    if not mtbf_s > 0:
+        raise UserError(f"model: --mtbf must be positive, got {mtbf_s / 3600:g} hours")
+    out = []
+    for e in traits or {k: BUILTIN[k] for k in ENGINES}:
+        t = (traits or {}).get(e)
+        pr = predict(p, e, traits=t, g=g)
+        delta, lag, m = pr.stall_s, pr.durable_s - pr.stall_s, mtbf_s
+        if delta < 2 * m:
+            x = delta / (2 * m)
+            tau = math.sqrt(2 * delta * m) * (1 + math.sqrt(x) / 3 + x / 9) - delta
+        else:
+            tau = m
+        limited = tau < lag
+        tau = max(tau, lag, 1e-9)
+        f = delta / (tau + delta) + (tau / 2 + lag + restart_s) / m
+        out.append(Plan(e, tau, min(f, 1.0), delta, pr.durable_s, pr.host_bytes, limited))
+    return out
+
+
+def plan_text(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> str:
+    g = p.gpus_sharing_host
+    rows = []
+    for pl in plan(p, mtbf_h * 3600, restart_s):
+        rows.append(
+            [
+                pl.engine,
+                f"{pl.stall_s:.3g}",
+                f"{pl.durable_s:.3g}",
+                f"{pl.interval_s / 60:.3g}" + (" (persist)" if pl.limited_by_persist else ""),
+                f"{100 * pl.lost_fraction:.2f}",
+                fmt_bytes(pl.host_bytes),
+            ]
+        )
+    head = (
+        f"checkpoint interval for an MTBF of {mtbf_h:g} h ({g} GPU(s) at once, "
+        f"{fmt_bytes(p.size_bytes)} each, restart {restart_s:g} s): Young/Daly with the "
+        "stall as the cost; '(persist)': held back to the time to persist"
+    )
+    return (
+        head
+        + "\n"
+        + text_table(
+            ["engine", "stall s", "durable s", "interval min", "lost %", "host memory"], rows
+        )
+    )
+
+
+def plan_json(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> dict[str, Any]:
+    return {
+        "profile": p.name,
+        "mtbf_hours": mtbf_h,
+        "restart_s": restart_s,
+        "gpus_at_once": p.gpus_sharing_host,
+        "checkpoint_bytes": p.size_bytes,
+        "engines": {
+            pl.engine: {
+                "interval_s": pl.interval_s,
+                "lost_fraction": pl.lost_fraction,
+                "stall_s": pl.stall_s,
+                "durable_s": pl.durable_s,
+                "host_bytes": pl.host_bytes,
+                "limited_by_persist": pl.limited_by_persist,
+            }
+            for pl in plan(p, mtbf_h * 3600, restart_s)
+        },
+    }

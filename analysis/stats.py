@@ -17,6 +17,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from analysis.runs import Run, order_engines
+from bench.efficiency import BEATEN
 
 CASE = ["workload", "n_targets", "engine"]
 
@@ -114,15 +115,13 @@ def summary_table(run: Run) -> pd.DataFrame:
         restore_GBps=("restore_GBps", "median"),
         pinned_x=("pinned_x", "median"),
         page_cache_x=("page_cache_x", "median"),
-        **(
-            {
-                "persist_eff": ("persist_efficiency", "median"),
-                "snapshot_eff": ("snapshot_efficiency", "median"),
-            }
-            if ok.get("persist_efficiency", pd.Series(dtype=float)).notna().any()
-            else {}
-        ),
+        write_eff=("write_eff", "median"),
+        snapshot_eff=("snapshot_eff", "median"),
+        beaten_rows=("write_eff", lambda s: 0),
     ).reset_index()
+    # rows above the ceiling (either efficiency), per case
+    over = ok.assign(_b=(ok["write_eff"] > BEATEN) | (ok["snapshot_eff"] > BEATEN))
+    out["beaten_rows"] = over.groupby(CASE, sort=False)["_b"].sum().to_numpy()
     out["write_iqr"] = out["write_q75"] - out["write_q25"]
     out["stall_iqr"] = out["stall_q75"] - out["stall_q25"]
     # Speed-up over torch-save on the same workload: torch-save runs at the smallest SSD count
@@ -132,21 +131,15 @@ def summary_table(run: Run) -> pd.DataFrame:
     ref = ts.set_index("workload")
     out["speedup_stall"] = out["workload"].map(ref["stall_s"]) / out["stall_s"]
     out["speedup_total"] = out["workload"].map(ref["total_s"]) / out["total_s"]
-    if has_ceilings(run.env):
-        eff = []
-        for _, r in out.iterrows():
-            t = run.traits(r["engine"])
-            if t is None:
-                eff.append(np.nan)
-                continue
-            direct = not t.page_cache
-            n = int(r["n_targets"]) if t.stripes else 1
-            c = device_ceiling(run.env, f"{t.write_ceiling()}_Bps", n, run.shared_device)
-            if c is None and not direct:
-                c = device_ceiling(run.env, "direct_write_Bps", n, run.shared_device)
-            eff.append(np.nan if c is None else 100 * r["write_GBps"] * 1e9 / c)
-        out["efficiency_pct"] = eff
     return ordered(out).reset_index(drop=True)
+
+
+def fmt_eff(x: float) -> str:
+    """An efficiency for tables: '-' when there is none, 'ceiling beaten' above BEATEN (a finding
+    about the ceiling, not a score)."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    return "ceiling beaten" if x > BEATEN else f"{x:.2f}"
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -175,9 +168,9 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "x torch-save stall",
         "x torch-save durable",
     ]
-    eff = "efficiency_pct" in table
+    eff = bool(table["write_eff"].notna().any())
     if eff:
-        headers.append("efficiency % of device")
+        headers += ["write eff", "snapshot eff"]
     rows = []
     for _, r in table.iterrows():
         row = [
@@ -198,7 +191,7 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             fmt(r["speedup_total"]),
         ]
         if eff:
-            row.append(fmt(r["efficiency_pct"]))
+            row += [fmt_eff(r["write_eff"]), fmt_eff(r["snapshot_eff"])]
         rows.append(row)
     return headers, rows
 

@@ -1,35 +1,49 @@
-"""Device ceilings, measured in the same run as the engines: what the storage and the memory can
-do at best with the same block size and file size, so every engine row can be read as a fraction
-of it.
+"""Device ceilings, measured in the same run as the engines: the best the storage and the memory do
+for the kind of work the engines do, so that every engine row can be read as a fraction of it
+(an efficiency above 1 says the ceiling is wrong, not that the engine won).
 
-- Storage, for N targets written at once (one file each, the checkpoint's per-target share):
-  sequential write with O_DIRECT and a queue depth, and buffered write ended by fsync. With fio
-  when it is installed (`direct=1, ioengine=libaio, iodepth=Q` and `direct=0, end_fsync=1`; fio
-  counts the final fsync in its runtime), otherwise with a built-in probe that does the same
-  with threads and os.pwrite. Which one ran is recorded.
-- Memory: a copy of the checkpoint's bytes into a warm (pre-faulted) buffer; on CUDA also a
-  device-to-host copy into pinned memory.
+- Storage, for N targets written at once, one file each of the checkpoint's per-target share
+  (at least `min_bytes` in all, to reach steady state), **preallocated as the engines
+  preallocate** and filled with random bytes:
+  - O_DIRECT: a small search over writers per target (1, 2, 4; each its own part of the file)
+    and queue depth (8, 16, 32), with fio (`direct=1, ioengine=libaio`) when it is installed,
+    else a built-in probe (threads with pwrite: depth is the thread count);
+  - buffered write ended by fsync (fio `direct=0, ioengine=psync, end_fsync=1`), writers 1, 2, 4.
+  The best configuration of the search is then run `repetitions` times; the ceiling is the best
+  run (every run and the search are kept). Which tool ran is recorded.
+- Memory: a copy into a warm buffer with the snapshot's own mechanism (8 MiB pieces from one
+  queue over `copy_threads` threads); on CUDA also a device-to-host copy into exactly pinned
+  memory. Best of 5 after a warm-up copy; every run kept.
+- Serialisation (the baselines' own ceiling): torch.save of a state of the checkpoint's tensor
+  size into memory, no disk: what a torch.save-based path cannot exceed before its write.
 
-Bandwidths are bytes per second, measured as bytes / wall time to durability.
+Bandwidths are bytes per second, measured as bytes / wall time to durability. `measure` returns
+the block env.json keeps as `ceilings`; `remeasure` repeats the chosen configurations after the
+sweep (`ceilings_after`), since a disk's speed can drift within the hour.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from bench import odirect, pacing
 from bench.devices import Device
-from bench.staging import PinnedBuffer
+from bench.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
+
+DIRECT_SEARCH = [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]  # (writers per target, depth)
+BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]
+COPY_REPS = 5
 
 
 def fio_version() -> str | None:
@@ -44,9 +58,37 @@ def fio_version() -> str | None:
     return out.stdout.strip() or None
 
 
-def _scratch_files(targets: list[str]) -> list[str]:
+def random_bytes(n: int, seed: int = 0) -> np.ndarray:
+    """n incompressible bytes (SFC64), never a constant or zero page."""
+    rng = np.random.Generator(np.random.SFC64(seed))
+    out = np.empty(n, dtype=np.uint8)
+    n8 = n // 8 * 8
+    if n8:
+        out[:n8].view(np.uint64)[:] = rng.integers(
+            0, 2**64 - 1, n8 // 8, dtype=np.uint64, endpoint=True
+        )
+    if n > n8:
+        out[n8:] = np.frombuffer(rng.bytes(n - n8), dtype=np.uint8)
+    return out
+
+
+def _files(targets: list[str], share: int) -> list[str]:
+    """A fresh file per target, preallocated to `share` bytes as the engines preallocate theirs."""
     tag = uuid.uuid4().hex[:8]
-    return [os.path.join(t, f".ckptbench-ceiling-{tag}-{i}") for i, t in enumerate(targets)]
+    paths = [os.path.join(t, f".ckptbench-ceiling-{tag}-{i}") for i, t in enumerate(targets)]
+    made = []
+    try:
+        for p in paths:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            made.append(p)
+            try:
+                odirect.preallocate(fd, share)
+            finally:
+                os.close(fd)
+    except BaseException:
+        _remove(made)
+        raise
+    return paths
 
 
 def _remove(paths: list[str]) -> None:
@@ -62,35 +104,37 @@ def fio_write(
     file_bytes: int,
     block: int,
     direct: bool,
+    jobs: int,
     depth: int,
     caps: list[int | None] | None = None,
 ) -> float:
-    """Aggregate write bandwidth of fio writing one file per target at once (bytes/s); a capped
-    target gets fio's `rate` limit."""
-    files = _scratch_files(targets)
-    # The engines write new files without preallocating, and so does fio here: fallocate=none,
-    # and create_on_open so that fio does not first lay the file out with writes of its own
-    # (that pass is not timed, but its dirty pages would be flushed inside the timed one).
+    """Aggregate write bandwidth (bytes/s) of fio writing one preallocated file per target, each
+    by `jobs` writers on their own part of it, to durability (`end_fsync`, counted in fio's
+    runtime); a capped target gets fio's `rate` limit, shared by its writers."""
+    part = max(block, file_bytes // jobs // block * block)
+    files = _files(targets, part * jobs)
     cmd = [
         "fio",
         "--output-format=json",
         "--group_reporting=1",
         "--end_fsync=1",
         "--fallocate=none",
-        "--create_on_open=1",
+        "--thread=1",
     ]
     common = [
         "--rw=write",
         f"--bs={block}",
-        f"--size={file_bytes}",
+        f"--size={part}",
+        f"--numjobs={jobs}",
+        f"--offset_increment={part}",
         f"--direct={int(direct)}",
         f"--ioengine={'libaio' if direct else 'psync'}",
         f"--iodepth={depth if direct else 1}",
-        "--thread=1",
     ]
     for i, f in enumerate(files):
         cap = caps[i] if caps else None
-        cmd += [f"--name=t{i}", f"--filename={f}", *common, *([f"--rate={cap}"] if cap else [])]
+        rate = [f"--rate={max(1, cap // jobs)}"] if cap else []
+        cmd += [f"--name=t{i}", f"--filename={f}", *common, *rate]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if out.returncode:
@@ -106,20 +150,22 @@ def builtin_write(
     file_bytes: int,
     block: int,
     direct: bool,
+    jobs: int,
     depth: int,
     caps: list[int | None] | None = None,
 ) -> float:
-    """The same measurement without fio: `depth` threads per target issuing `block`-sized
-    pwrites from a pre-faulted aligned buffer (O_DIRECT), or one buffered writer per target,
-    then fsync of every file. Aggregate bytes/s over the wall time to durability."""
-    files = _scratch_files(targets)
+    """The same measurement without fio: per target, `jobs x depth` threads (O_DIRECT) or
+    `jobs` threads (buffered) issuing `block`-sized pwrites of random bytes from a pre-faulted
+    aligned buffer into the preallocated file, then fsync of every file. Aggregate bytes/s over
+    the wall time to durability."""
+    n_blocks = max(1, file_bytes // block)
+    files = _files(targets, n_blocks * block)
     buf = odirect.HostBuffer(block)
-    buf.array[:] = 0x5A  # never zeros: nothing may shortcut a zero page
-    view = memoryview(buf.array)
-    n_blocks = -(-file_bytes // block)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
-    fds = [os.open(f, flags, 0o644) for f in files]
-    workers = len(fds) * (depth if direct else 1)
+    buf.array[:] = random_bytes(buf.nbytes)[: buf.array.size]
+    view = memoryview(buf.array)[:block]
+    flags = os.O_WRONLY | (os.O_DIRECT if direct else 0)
+    fds = [os.open(f, flags) for f in files]
+    workers = len(fds) * jobs * (depth if direct else 1)
     buckets = [pacing.TokenBucket(c, block) if c else None for c in (caps or [None] * len(fds))]
 
     def write(i: int, j: int) -> None:
@@ -130,9 +176,9 @@ def builtin_write(
     try:
         t0 = time.perf_counter_ns()
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            jobs = [pool.submit(write, i, j) for j in range(n_blocks) for i in range(len(fds))]
-            for j in jobs:
-                j.result()
+            jobs_ = [pool.submit(write, i, j) for j in range(n_blocks) for i in range(len(fds))]
+            for f in jobs_:
+                f.result()
             list(pool.map(os.fsync, fds))
         elapsed = (time.perf_counter_ns() - t0) / 1e9
     finally:
@@ -143,22 +189,39 @@ def builtin_write(
     return n_blocks * block * len(fds) / elapsed
 
 
-def copy_bandwidth(nbytes: int, device: Device, reps: int = 5) -> dict[str, Any]:
-    """Copy bandwidth into a warm host buffer (and device-to-host into pinned memory on CUDA):
-    one untimed copy first, then the median of `reps` (every run kept in `copy_runs`, B/s)."""
+def copy_bandwidth(
+    nbytes: int, device: Device, reps: int = COPY_REPS, threads: int = 1
+) -> dict[str, Any]:
+    """Copy bandwidth into a warm host buffer with the snapshot's own mechanism (pieces over
+    `threads` threads), and on CUDA device-to-host into exactly pinned memory: one untimed copy
+    first, then the best of `reps` (every run kept, B/s)."""
     out: dict[str, Any] = {}
-    dst = torch.empty(nbytes, dtype=torch.uint8)
-    dst.fill_(1)  # warm: every page faulted in before timing
-    src = torch.empty(nbytes, dtype=torch.uint8).fill_(7)
-    dst.copy_(src)  # warm-up: caches, threads
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        dst.copy_(src)
-        times.append((time.perf_counter_ns() - t0) / 1e9)
-    out["copy_Bps"] = nbytes / statistics.median(times)
+    dst = odirect.HostBuffer(nbytes, prefault=True)
+    src = random_bytes(nbytes)
+    tasks = copy_tasks([(dst.array[:nbytes], src)], COPY_PIECE)
+    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+
+    def copy() -> None:
+        if pool is not None and len(tasks) > 1:
+            list(pool.map(run_copies, tasks))
+        else:
+            for t in tasks:
+                run_copies(t)
+
+    try:
+        copy()  # warm-up: caches, threads
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            copy()
+            times.append((time.perf_counter_ns() - t0) / 1e9)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        dst.close()
+    out["copy_Bps"] = nbytes / min(times)
     out["copy_runs"] = [round(nbytes / t) for t in times]
-    del dst, src
+    out["copy_threads"] = threads
     if device.is_cuda:
         # Into memory pinned as the engines pin their staging (exactly, with cudaHostRegister),
         # released afterwards: torch's pin_memory would keep the block pinned in its cache.
@@ -177,9 +240,74 @@ def copy_bandwidth(nbytes: int, device: Device, reps: int = 5) -> dict[str, Any]
             del pinned, dev
         finally:
             buf.close()
-        out["d2h_Bps"] = nbytes / statistics.median(times)
+        out["d2h_Bps"] = nbytes / min(times)
         out["d2h_runs"] = [round(nbytes / t) for t in times]
     return out
+
+
+def serialize_bandwidth(nbytes: int, tensor_bytes: int, reps: int = 3) -> dict[str, Any]:
+    """torch.save of `nbytes` of random float32 tensors of `tensor_bytes` each into memory (no
+    disk): the rate a torch.save-based path cannot exceed before it writes. Best of `reps`."""
+    n = max(1, nbytes // max(tensor_bytes, 4))
+    each = max(1, min(tensor_bytes, nbytes) // 4)
+    raw = random_bytes(n * each * 4)
+    state = {
+        f"t{i}": torch.from_numpy(raw[i * each * 4 : (i + 1) * each * 4].view(np.float32))
+        for i in range(n)
+    }
+    sink = io.BytesIO()
+    torch.save(state, sink)  # warm-up; also sizes the buffer
+    times = []
+    for _ in range(reps):
+        sink.seek(0)
+        t0 = time.perf_counter_ns()
+        torch.save(state, sink)
+        times.append((time.perf_counter_ns() - t0) / 1e9)
+    total = n * each * 4
+    return {
+        "serialize_Bps": total / min(times),
+        "serialize_runs": [round(total / t) for t in times],
+    }
+
+
+def _storage(
+    write: Any,
+    targets: list[str],
+    share: int,
+    block: int,
+    direct: bool,
+    configs: list[tuple[int, int]],
+    caps: list[int | None] | None,
+    drop: Any,
+    repetitions: int,
+) -> dict[str, Any]:
+    """Search `configs` once each (when more than one), then run the best `repetitions` times;
+    the ceiling is the best run."""
+    mode = "direct_write" if direct else "buffered_write"
+    search = []
+    if len(configs) > 1:
+        for jobs, depth in configs:
+            if drop:
+                drop()
+            bw = write(targets, share, block, direct, jobs, depth, caps)
+            search.append({"jobs": jobs, "iodepth": depth, "Bps": round(bw)})
+        best = max(search, key=lambda r: r["Bps"])
+        jobs, depth = best["jobs"], best["iodepth"]
+    else:
+        jobs, depth = configs[0]
+    runs = []
+    for _ in range(repetitions):
+        if drop:
+            drop()
+        runs.append(write(targets, share, block, direct, jobs, depth, caps))
+    all_ = runs + [r["Bps"] for r in search if (r["jobs"], r["iodepth"]) == (jobs, depth)]
+    return {
+        f"{mode}_Bps": max(all_),
+        f"{mode}_median_Bps": float(np.median(runs)),
+        f"{mode}_runs": [round(b) for b in runs],
+        f"{mode}_config": {"jobs": jobs, "iodepth": depth},
+        **({f"{mode}_search": search} if search else {}),
+    }
 
 
 def measure(
@@ -187,44 +315,97 @@ def measure(
     ssd_counts: list[int],
     checkpoint_bytes: int,
     block: int,
-    depth: int,
     device: Device,
     use_fio: bool = True,
     drop: Any = None,
     caps: list[int | None] | None = None,
-    repetitions: int = 1,
+    repetitions: int = 3,
+    min_bytes: int = 1 << 30,
+    copy_threads: int = 1,
+    tensor_bytes: int = 64 << 20,
+    configs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H).
-
-    Each storage ceiling is the median of `repetitions` runs, the direct and buffered runs
-    alternating; every run is kept (`*_runs`, B/s). `drop` (if given) is called before each
-    storage measurement to empty the page cache.
-    """
+    """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H);
+    serialisation. `drop` (if given) is called before each storage measurement to empty the
+    page cache. `configs` (from an earlier `measure`) skips the search: {"N": {mode: {jobs,
+    iodepth}}}."""
     version = fio_version() if use_fio else None
     write = fio_write if version else builtin_write
     per_n: dict[str, dict[str, Any]] = {}
-    modes = (("direct_write", True), ("buffered_write", False))
+    total = max(checkpoint_bytes, min_bytes)
     for n in sorted(set(ssd_counts)):
-        share = max(block, -(-checkpoint_bytes // n) // block * block)
-        runs: dict[str, list[float]] = {m: [] for m, _ in modes}
-        for _ in range(repetitions):
-            for mode, direct in modes:
-                if drop:
-                    drop()
-                bw = write(targets[:n], share, block, direct, depth, caps[:n] if caps else None)
-                runs[mode].append(bw)
-        row: dict[str, Any] = {}
-        for mode, _ in modes:
-            row[f"{mode}_Bps"] = statistics.median(runs[mode])
-            row[f"{mode}_runs"] = [round(b) for b in runs[mode]]
+        share = max(block, -(-total // n) // block * block)
+        row: dict[str, Any] = {"file_bytes": share}
+        for direct, search in ((True, DIRECT_SEARCH), (False, BUFFERED_SEARCH)):
+            mode = "direct_write" if direct else "buffered_write"
+            chosen = (configs or {}).get(str(n), {}).get(mode)
+            todo = [(chosen["jobs"], chosen["iodepth"])] if chosen else search
+            row.update(
+                _storage(
+                    write,
+                    targets[:n],
+                    share,
+                    block,
+                    direct,
+                    todo,
+                    caps[:n] if caps else None,
+                    drop,
+                    repetitions,
+                )
+            )
         per_n[str(n)] = row
     return {
         "tool": version or "builtin",
         "fio": fio_version(),
         "block_bytes": block,
         "checkpoint_bytes": checkpoint_bytes,
-        "queue_depth": depth,
+        "min_bytes": min_bytes,
         "repetitions": repetitions,
         "per_ssd_count": per_n,
-        **copy_bandwidth(checkpoint_bytes, device),
+        **copy_bandwidth(checkpoint_bytes, device, threads=copy_threads),
+        **serialize_bandwidth(min(checkpoint_bytes, 256 << 20), tensor_bytes),
     }
+
+
+def chosen_configs(c: dict[str, Any]) -> dict[str, Any]:
+    """The configuration each storage ceiling settled on, to measure again without a search."""
+    return {
+        n: {
+            m: row[f"{m}_config"]
+            for m in ("direct_write", "buffered_write")
+            if f"{m}_config" in row
+        }
+        for n, row in c.get("per_ssd_count", {}).items()
+    }
+
+
+def drift(before: dict[str, Any], after: dict[str, Any], tolerance: float = 0.2) -> list[str]:
+    """Ceilings that moved by more than `tolerance` between before and after the sweep."""
+    out = []
+    for n, row in before.get("per_ssd_count", {}).items():
+        for m in ("direct_write", "buffered_write"):
+            a = after.get("per_ssd_count", {}).get(n, {}).get(f"{m}_Bps")
+            b = row.get(f"{m}_Bps")
+            if a and b and abs(a / b - 1) > tolerance:
+                out.append(
+                    f"{m.replace('_', ' ')} ceiling of {n} target(s) moved from "
+                    f"{b / 1e9:.2f} GB/s before the sweep to {a / 1e9:.2f} GB/s after"
+                )
+    return out
+
+
+def combined(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ceilings an efficiency is judged against: the best of before and after the sweep
+    (a ceiling is the best the device did)."""
+    if not before or not after:
+        return before or after
+    out = json.loads(json.dumps(before))
+    for n, row in after.get("per_ssd_count", {}).items():
+        dst = out["per_ssd_count"].setdefault(n, {})
+        for k, v in row.items():
+            if k.endswith("_Bps") and isinstance(v, int | float):
+                dst[k] = max(v, dst.get(k, 0))
+    for k in ("copy_Bps", "d2h_Bps", "serialize_Bps"):
+        if isinstance(after.get(k), int | float):
+            out[k] = max(after[k], out.get(k) or 0)
+    return out

@@ -156,7 +156,22 @@ def _cmd_model(args: argparse.Namespace) -> int:
         if args.ssds < 1:
             raise UserError(f"--ssds: must be at least 1, got {args.ssds}")
         prof = model.with_ssds(prof, args.ssds)
+    if args.mtbf is not None:
+        if not args.mtbf > 0:
+            raise UserError(f"--mtbf: must be a positive number of hours, got {args.mtbf:g}")
+        if args.restart < 0:
+            raise UserError(f"--restart: must be 0 or more seconds, got {args.restart:g}")
+        if args.json:
+            import json
+
+            print(json.dumps(model.plan_json(prof, args.mtbf, args.restart), indent=2))
+            return 0
+    if args.json:
+        raise UserError("--json: prints the checkpoint plan; give --mtbf HOURS too")
     print(model.feasibility_text(prof))
+    if args.mtbf is not None:
+        print()
+        print(model.plan_text(prof, args.mtbf, args.restart))
     return 0
 
 
@@ -191,6 +206,21 @@ def _analysis_parsers(sub: argparse._SubParsersAction) -> None:
     mp.add_argument("--ssds", type=int, help="SSDs per GPU (default: the profile's)")
     mp.add_argument("--size", help="checkpoint size of one GPU, e.g. 80GB (default: the profile's)")
     mp.add_argument("--from-run", metavar="RUN_DIR", help="calibrate this-machine from a run")
+    mp.add_argument(
+        "--mtbf",
+        type=float,
+        metavar="HOURS",
+        help="mean time between failures: the checkpoint interval that minimises "
+        "lost time per engine (Young/Daly), and the fraction lost",
+    )
+    mp.add_argument(
+        "--restart",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="time to restart after a failure, for --mtbf (default 0)",
+    )
+    mp.add_argument("--json", action="store_true", help="with --mtbf: the plan as JSON")
     mp.set_defaults(fn=_cmd_model)
     cp = sub.add_parser("compare", help="compare runs (e.g. two storage devices) case by case")
     cp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="RUN_A RUN_B [...]: each vs A")

@@ -38,14 +38,17 @@ class TargetSpec(Strict):
 
 
 class CeilingSpec(Strict):
-    """How device ceilings are measured before the sweep (see bench.ceiling)."""
+    """How device ceilings are measured before (and after) the sweep (see bench.ceiling)."""
 
     enabled: bool = True
     tool: Literal["auto", "fio", "builtin"] = "auto"  # auto: fio when installed
-    queue_depth: PosInt = 8
-    # Each storage ceiling is the median of this many runs (all kept in env.json): one run of a
-    # virtual or shared disk can be off by a factor of several.
+    # The best configuration of the search runs this many times; the ceiling is the best run
+    # (all kept in env.json): one run of a virtual or shared disk can be off by a factor of
+    # several.
     repetitions: PosInt = 3
+    # The storage probes write at least this much in all (steady state, not a burst).
+    min_bytes: Size = 1 << 30
+    after: bool = True  # measure the storage ceilings again after the sweep (disks drift)
 
 
 class RanksSpec(Strict):

@@ -102,3 +102,48 @@ def evict_files(paths: list[str]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def resident_bytes(paths: list[str]) -> int:
+    """Bytes of these files that sit in the page cache now (mincore over a read-only mapping):
+    what a restore would read from memory instead of the device. -1 where it cannot be told."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    total = 0
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if not size:
+                continue
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return -1
+            try:
+                pages = -(-size // page)
+                vec = (ctypes.c_ubyte * pages)()
+                if libc.mincore(addr, size, vec) != 0:
+                    return -1
+                total += sum(b & 1 for b in vec) * page
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return total

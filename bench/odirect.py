@@ -100,3 +100,14 @@ def pread_into(fd: int, view: memoryview, offset: int) -> None:
         if n == 0:
             raise EOFError(f"file ends at {offset + done}, {total - done} bytes short")
         done += n
+
+
+def preallocate(fd: int, n: int) -> None:
+    """Reserve `n` bytes for the file; a filesystem without fallocate is simply skipped, and a
+    full disk fails here, before any data is written."""
+    try:
+        os.posix_fallocate(fd, 0, n)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return
+        raise

@@ -47,7 +47,7 @@ COLUMNS = [
     "dtype",
     "options",
     "capped",
-    "persist_efficiency",
+    "write_efficiency",
     "snapshot_efficiency",
     "verified",
     "error",
@@ -60,6 +60,8 @@ COLUMNS = [
     "target_map",
     "io_detail",
     "restore_mode",
+    "ceiling_beaten",
+    "restore_resident_bytes",
 ]
 # io_detail: what the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's
 # settings, device/host/registered bytes, why a save was labelled compat); restore_mode: how the

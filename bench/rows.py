@@ -13,34 +13,8 @@ import socket
 from typing import Any
 
 from bench import measure, results, verify
+from bench.efficiency import beaten, efficiency
 from bench.engines import REGISTRY
-from bench.engines.traits import Traits
-
-
-def efficiency(
-    row: dict[str, Any], ceilings: dict[str, Any] | None, traits: Traits | None = None
-) -> tuple[Any, Any]:
-    """(persist, snapshot) efficiency of a row against the run's ceilings, or None.
-
-    Persist: bytes / persist_s (total_s for the synchronous engines) over the ceiling of the
-    engine's write (`traits.write_ceiling()`: O_DIRECT, or buffered for page-cache paths).
-    Snapshot: bytes / stall_s of an engine whose stall is a snapshot out of device memory over
-    the copy ceiling (device-to-host on CUDA).
-    """
-    if not ceilings or not row.get("total_s"):
-        return None, None
-    tr = traits or REGISTRY[row["engine"]].traits
-    c = ceilings["per_ssd_count"].get(str(row["n_targets"]))
-    key = f"{tr.write_ceiling()}_Bps"
-    persist = None
-    if c and key in c:
-        t = row["persist_s"] if row["persist_s"] and row["persist_s"] > 0 else row["total_s"]
-        persist = round(row["total_bytes"] / t / c[key], 4)
-    snapshot = None
-    copy = ceilings.get("d2h_Bps") or ceilings.get("copy_Bps")
-    if tr.stall == "snapshot" and not tr.baseline and copy and row["stall_s"]:
-        snapshot = round(row["total_bytes"] / row["stall_s"] / copy, 4)
-    return persist, snapshot
 
 
 def tensor_stats(state: Any) -> tuple[int, int]:
@@ -103,8 +77,9 @@ def new_row(
         "dtype": cfg.dtype if w.model is None else w.model.dtype,
         "options": json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}",
         "capped": capped,
-        "persist_efficiency": None,
+        "write_efficiency": None,
         "snapshot_efficiency": None,
+        "ceiling_beaten": False,
         "verified": False,
         "error": "",
         "rank": 0,
@@ -116,6 +91,7 @@ def new_row(
         "target_map": "",
         "io_detail": "",
         "restore_mode": "",
+        "restore_resident_bytes": None,
     }
 
 
@@ -154,7 +130,8 @@ def save_phase(
         **dataclasses.asdict(sample),
         io_detail=json.dumps(res.extra, sort_keys=True) if res.extra else "",
     )
-    row["persist_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
+    row["write_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
+    row["ceiling_beaten"] = beaten(row["write_efficiency"], row["snapshot_efficiency"])
 
 
 def restore_phase(
@@ -167,15 +144,21 @@ def restore_phase(
     check: bool,
     load: Any = None,
 ) -> None:
-    """Evict the checkpoint's pages, restore it (timed) and, if `check`, compare it with the
-    source byte for byte; fills restore_s, verified and (on a difference) error. `load(name,
-    device)` replaces `eng.load` (bench.distributed checks the world size first)."""
-    measure.evict_files(eng.cached_files(name))
+    """Evict the checkpoint's pages (and check with mincore that they are gone: restore_s must
+    be a read from the device), restore it, timed, without the engine's own checksums, so that
+    restore_s means the same for every engine; then, untimed, check those checksums and, if
+    `check`, compare with the source byte for byte. Fills restore_s, restore_resident_bytes,
+    verified and (on a difference) error. `load(name, device, checksums)` replaces `eng.load`
+    (bench.distributed checks the world size first)."""
+    files = eng.cached_files(name)
+    measure.evict_files(files)
+    row["restore_resident_bytes"] = measure.resident_bytes(files)
     t0 = measure.now_ns()
-    loaded = (load or eng.load)(name, device=str(device.torch_device))
+    loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False)
     device.synchronize()
     row["restore_s"] = (measure.now_ns() - t0) / 1e9
     row["restore_mode"] = getattr(eng, "restore_mode", "host")
+    eng.check(name, loaded)
     if check:
         loose = REGISTRY[engine].traits.loose_keys
         compare = verify.first_tensor_difference if loose else verify.first_difference
@@ -245,8 +228,9 @@ def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None
         staging_grew=any(bool(r["staging_grew"]) for r in rows),
         cache_dropped=all(bool(r["cache_dropped"]) for r in rows),
         capped=any(bool(r["capped"]) for r in rows),
-        persist_efficiency=None,
+        write_efficiency=None,
         snapshot_efficiency=None,
+        ceiling_beaten=False,
         verified=all(bool(r["verified"]) for r in rows),
         rank=-1,
         node="",
@@ -265,7 +249,8 @@ def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None
             per_node[key] = max(per_node.get(key, 0), float(r["page_cache_peak_bytes"]))
     out["page_cache_peak_bytes"] = int(sum(per_node.values())) if per_node else None
     if out["total_s"] is not None and out["stall_s"] is not None:
-        out["persist_efficiency"], out["snapshot_efficiency"] = efficiency(out, ceilings)
+        out["write_efficiency"], out["snapshot_efficiency"] = efficiency(out, ceilings)
+        out["ceiling_beaten"] = beaten(out["write_efficiency"], out["snapshot_efficiency"])
     # The rank where it failed, not the ranks that failed with it (see fail_together).
     bad = next((r for r in rows if r["error"] and not r["error"].startswith(FOLLOWED)), None)
     bad = bad or next((r for r in rows if r["error"]), None)

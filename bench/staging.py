@@ -100,3 +100,31 @@ class Staging:
             self._host.close()
             self._host = None
         self.capacity = 0
+
+
+COPY_PIECE = 8 << 20  # bytes per snapshot copy task
+
+
+def copy_tasks(pairs: list[tuple[np.ndarray, np.ndarray]], piece: int) -> list[list[tuple]]:
+    """Group (dst, src) byte-array pairs into tasks of about `piece` bytes each: a large pair is
+    split into pieces, small ones are batched, and the order of the bytes is kept."""
+    tasks: list[list[tuple]] = []
+    cur: list[tuple] = []
+    cur_bytes = 0
+    for dst, src in pairs:
+        n = src.nbytes
+        for lo in range(0, n, piece):
+            hi = min(n, lo + piece)
+            cur.append((dst[lo:hi], src[lo:hi]))
+            cur_bytes += hi - lo
+            if cur_bytes >= piece:
+                tasks.append(cur)
+                cur, cur_bytes = [], 0
+    if cur:
+        tasks.append(cur)
+    return tasks
+
+
+def run_copies(task: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in task:
+        np.copyto(dst, src)

@@ -124,6 +124,11 @@ class Sweep:
         try:
             for g in self.groups:
                 self._run_group(g, wls)
+            w.agree(
+                "the ceilings after the sweep",
+                (lambda: self._ceilings_after(wls)) if w.rank == 0 else (lambda: None),
+                timeout_s=dist.SETUP_TIMEOUT_S,
+            )
         finally:
             core.close()
         return core.run_dir or ""
@@ -237,10 +242,14 @@ class Sweep:
                 envb["ranks"] = dist.ranks_block(self, nodes, paths_all)
             core.write_env()
 
-    def _ceilings(self, wls: list[plan.Workload]) -> dict[str, Any] | None:
-        """The device ceilings for this sweep (bench.ceiling); when a probe cannot finish (a full
-        disk, fio failing) None: a ceiling is a reference, not the benchmark, so that is said
-        loudly in the notes and the engines still run, without efficiency columns."""
+    def _ceilings(
+        self, wls: list[plan.Workload], again: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """The device ceilings for this sweep (bench.ceiling); `again`: the ceilings measured
+        before, whose configurations are measured once more (after the sweep). When a probe
+        cannot finish (a full disk, fio failing) None: a ceiling is a reference, not the
+        benchmark, so that is said loudly in the notes and the engines still run, without
+        efficiency columns."""
         cfg, core = self.cfg, self.core
         try:
             spec = cfg.ceilings
@@ -249,22 +258,29 @@ class Sweep:
                     "ceilings.tool: fio is not installed (apt-get install fio, or use auto)"
                 )
             largest = max((w.total_bytes for w in wls if w.kind == "synthetic"), default=1 << 30)
+            tensor = max((w.tensor_bytes for w in wls if w.kind == "synthetic"), default=64 << 20)
             opts = config_mod.resolved(cfg)["engine_options"]
             block = next((o["chunk_bytes"] for o in opts.values() if "chunk_bytes" in o), 16 << 20)
+            threads = next((o["copy_threads"] for o in opts.values() if "copy_threads" in o), 0)
+            threads = threads or min(os.cpu_count() or 1, 8)
             tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
-            core.log(f"measuring device ceilings (storage with {tool}, memory copy)")
+            when = "after the sweep" if again else "first"
+            core.log(f"measuring device ceilings {when} (storage with {tool}, memory copy)")
             drop = measure.drop_page_cache if self.cache_dropped else None
             out = ceiling.measure(
                 self.targets,
                 cfg.ssd_counts,
                 largest,
                 block,
-                spec.queue_depth,
                 self.device,
                 use_fio=spec.tool != "builtin",
                 drop=drop,
                 caps=cfg.target_caps(),
                 repetitions=spec.repetitions,
+                min_bytes=spec.min_bytes,
+                copy_threads=threads,
+                tensor_bytes=tensor,
+                configs=ceiling.chosen_configs(again) if again else None,
             )
             if drop:
                 drop()
@@ -275,6 +291,22 @@ class Sweep:
             core.note(f"device ceilings not measured: {why}")
             core.warn(f"warning: device ceilings not measured ({why}); no efficiency columns")
             return None
+
+    def _ceilings_after(self, wls: list[plan.Workload]) -> None:
+        """Rank 0, after the sweep: the ceilings again, kept beside the first; a drift noted."""
+        core = self.core
+        before = core.env.get("ceilings")
+        if not (self.cfg.ceilings.enabled and self.cfg.ceilings.after and before):
+            return
+        after = self._ceilings(wls, again=before)
+        if after is None:
+            return
+        core.env["ceilings_after"] = after
+        for d in ceiling.drift(before, after):
+            core.note(
+                f"the disk drifted during the run: {d}; efficiencies use the better of the two"
+            )
+        core.write_env()
 
     # -- cases ---------------------------------------------------------------------------------
 
@@ -410,7 +442,8 @@ class Sweep:
             hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
             rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook)
             if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
-                row["persist_efficiency"] = row["snapshot_efficiency"] = None
+                row["write_efficiency"] = row["snapshot_efficiency"] = None
+                row["ceiling_beaten"] = False
         except Exception as e:  # reported on every rank (fail_together)
             row["error"] = rows.error_text(e)
             if not isinstance(e, UserError | OSError):
@@ -429,7 +462,11 @@ class Sweep:
     ) -> None:
         w = self.world
         load = (
-            (lambda n, device: dist.load_shard(eng, base, w.rank, g.k, device))
+            (
+                lambda n, device, checksums=True: dist.load_shard(
+                    eng, base, w.rank, g.k, device, checksums
+                )
+            )
             if self.ranked
             else None
         )

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -145,20 +146,39 @@ def test_summary_rows_mark_every_row_emulated(run: runs.Run) -> None:
     assert first[:5] == ["synthetic-1GiB-4MiB", "1", "gds", "EMULATED", "3"]
 
 
-def test_efficiency_appears_with_ceilings(run: runs.Run) -> None:
-    env = dict(run.env, ceilings={"direct_write_Bps": 3.0e9, "buffered_write_Bps": 2.0e9})
-    t = stats.summary_table(dataclasses.replace(run, env=env))
-    r = t[(t["engine"] == "cpu-single") & (t["n_targets"] == 2)].iloc[0]
-    # shared device: the ceiling of 2 targets is the ceiling of one
-    assert r["efficiency_pct"] == pytest.approx(100 * r["write_GBps"] * 1e9 / 3.0e9)
-    d = t[(t["engine"] == "cpu-double") & (t["n_targets"] == 1)].iloc[0]
-    assert d["efficiency_pct"] == pytest.approx(100 * d["write_GBps"] * 1e9 / 2.0e9)
-    headers, _ = stats.summary_rows(t)
-    assert headers[-1] == "efficiency % of device"
-    unshared = dataclasses.replace(run, env=dict(env, storage={"shared_device": False}))
-    t2 = stats.summary_table(unshared)
-    r2 = t2[(t2["engine"] == "cpu-single") & (t2["n_targets"] == 2)].iloc[0]
-    assert r2["efficiency_pct"] == pytest.approx(100 * r2["write_GBps"] * 1e9 / 6.0e9)
+def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run) -> None:
+    """write eff = bytes / total_s over the engine's kind of write for the targets it wrote;
+    snapshot eff = bytes / stall over the copy ceiling; the better of before and after."""
+    per_n = {
+        "1": {"direct_write_Bps": 3.0e9, "buffered_write_Bps": 2.0e9},
+        "2": {"direct_write_Bps": 3.5e9, "buffered_write_Bps": 2.5e9},
+    }
+    after = {
+        "per_ssd_count": {"2": {"direct_write_Bps": 4.0e9, "buffered_write_Bps": 1.0e9}},
+        "copy_Bps": 5e9,
+    }
+    env = dict(run.env, ceilings={"per_ssd_count": per_n, "copy_Bps": 10e9}, ceilings_after=after)
+    ok = runs.add_efficiencies(run.ok, env)
+    t = stats.summary_table(dataclasses.replace(run, env=env, ok=ok))
+    wl = "synthetic-1GiB-4MiB"
+    cs = ok[(ok["engine"] == "cpu-single") & (ok["n_targets"] == 2) & (ok["workload"] == wl)]
+    r = t[(t["engine"] == "cpu-single") & (t["n_targets"] == 2) & (t["workload"] == wl)].iloc[0]
+    want = np.median(cs["total_bytes"] / cs["total_s"] / 4.0e9)  # the better one: after
+    assert r["write_eff"] == pytest.approx(want, rel=1e-3)
+    assert r["snapshot_eff"] == pytest.approx(
+        np.median(cs["total_bytes"] / cs["stall_s"] / 10e9), rel=1e-3
+    )
+    ts = ok[(ok["engine"] == "torch-save") & (ok["workload"] == wl)]
+    d = t[(t["engine"] == "torch-save") & (t["workload"] == wl)].iloc[0]  # one target, buffered
+    assert d["write_eff"] == pytest.approx(
+        np.median(ts["total_bytes"] / ts["total_s"] / 2e9), rel=1e-3
+    )
+    assert np.isnan(d["snapshot_eff"])
+    headers, rows_ = stats.summary_rows(t)
+    assert headers[-2:] == ["write eff", "snapshot eff"]
+    # a median above 1.05 is a finding about the ceiling, not a score
+    assert stats.fmt_eff(1.37) == "ceiling beaten" and stats.fmt_eff(0.91) == "0.91"
+    assert stats.fmt_eff(float("nan")) == "-"
 
 
 @pytest.mark.parametrize(
@@ -297,9 +317,13 @@ def test_feasibility_figure(run: runs.Run) -> None:
         "this-machine (one shared device)",
     ]
     h100 = lines[1]
-    assert h100.get_ydata()[0] == pytest.approx(52.77 / 3.8)
+    # the same function as the headline: all 8 GPUs at once, d = min(52.77, 100 / 8)
+    assert h100.get_ydata()[0] == pytest.approx(12.5 / 3.8)
+    assert h100.get_ydata()[0] == pytest.approx(
+        model.stall_ratio(model.load_profile("dgx-h100-gen4"), 1)
+    )
     # break-even annotations, one per profile that breaks even within 20 SSDs
-    assert sorted(t.get_text() for t in ax.texts) == ["14", "16", "7", "8"]
+    assert sorted(t.get_text() for t in ax.texts) == ["2", "4", "4", "4"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "today's 8-GPU servers: ~1 data SSD per GPU" in legend
 
@@ -365,7 +389,7 @@ def test_report_writes_every_file(built: report.Report) -> None:
         assert (out / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
     for name in ("summary.csv", "report.md", "report.html"):
         assert (out / name).is_file()
-    assert len(built.paths) == 13
+    assert len(built.paths) == 14  # and model_vs_measured.csv
     assert built.seconds < 30
 
 
@@ -380,7 +404,7 @@ def test_report_md_content(built: report.Report) -> None:
     assert "All targets share one device: SSD-count scaling on this run is not real scaling." in md
     assert "## Is GDS worth it here?" in md
     assert "Figure 4 (feasibility) answers the question" in md
-    assert "| dgx-h100-gen4 | 52.77 | 3.80 | 1 | 13.89 | 14 (13.89) |" in md
+    assert "| dgx-h100-gen4 | 52.77 | 3.80 | 1 | 3.29 | 4 (3.29) |" in md
     assert "| this-machine | 8.61 | 3.02 | 1 | 2.85 | never (one shared device) |" in md
     assert "No device ceilings in env.json: no efficiency column." in md
     # the summary row checked number by number in test_summary_table_numbers
@@ -390,7 +414,7 @@ def test_report_md_content(built: report.Report) -> None:
     ) in md
     for stem in figures.FIGURES:
         assert f"({stem}.png)" in md
-    assert "| gds | S / min(L, W(n)) | = stall | 0 |" in md
+    assert "| gds (from device) | W_g | S / min(L, r) | = stall | 0 |" in md
     assert "### Model against measurement" in md
     assert "| target 0 | scratch/bench/target-0: ext4 on /dev/vda" in md
     html = (Path(built.outdir) / "report.html").read_text()
@@ -409,7 +433,17 @@ def test_report_summary_csv_matches_table(built: report.Report, run: runs.Run) -
 
 def test_model_vs_measured_rows(run: runs.Run) -> None:
     this = model.from_run(run)
-    headers, rows = report.model_vs_measured(run, this)
+    frame = report.model_frame(run, this)
+    assert list(frame[report.MODEL_CSV].columns) == [
+        "workload",
+        "n_targets",
+        "engine",
+        "stall_model_s",
+        "stall_measured_s",
+        "durable_model_s",
+        "durable_measured_s",
+    ]
+    headers, rows = report.model_vs_measured(frame)
     assert headers[4:7] == ["stall s: model", "measured", "error %"]
     assert len(rows) == 16
     cs = next(r for r in rows if r[:3] == ["synthetic-1GiB-256MiB", "1", "cpu-single"])

@@ -30,9 +30,24 @@ def _dirs(scratch: Path, n: int) -> list[str]:
 
 @pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
-def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool) -> None:
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool, jobs: int) -> None:
     dirs = _dirs(scratch, 2)
-    bw = write(dirs, 8 * MiB, MiB, direct, 4)
+    seen = []
+    real = ceiling._files
+
+    def files(targets: list[str], share: int) -> list[str]:
+        out = real(targets, share)
+        # preallocated as the engines preallocate: full length, before any data is written
+        seen.append([(os.path.getsize(p), os.stat(p).st_blocks * 512) for p in out])
+        return out
+
+    ceiling._files = files
+    try:
+        bw = write(dirs, 8 * MiB, MiB, direct, jobs, 4)
+    finally:
+        ceiling._files = real
+    assert seen == [[(8 * MiB, 8 * MiB)] * 2]
     # A real write of 2 x 8 MiB to durability: positive and below any memory bandwidth.
     assert 1e6 < bw < 200e9
     assert [os.listdir(d) for d in dirs] == [[], []]
@@ -44,14 +59,14 @@ def test_probe_honours_write_caps(scratch: Path, write) -> None:
     dirs = _dirs(scratch, 2)
     cap = 16_000_000
     t0 = time.perf_counter()
-    bw = write(dirs, 8 * MiB, MiB, True, 2, [cap, cap])
+    bw = write(dirs, 8 * MiB, MiB, True, 1, 2, [cap, cap])
     elapsed = time.perf_counter() - t0
     assert bw <= 2 * cap * 1.15
     assert bw >= 2 * cap * 0.5  # the disk is far faster than the cap here
     assert elapsed >= 8 * MiB / cap * 0.8
 
 
-def test_measure_repeats_and_takes_the_median(scratch: Path) -> None:
+def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
     dirs = _dirs(scratch, 2)
     drops = []
     out = ceiling.measure(
@@ -59,28 +74,79 @@ def test_measure_repeats_and_takes_the_median(scratch: Path) -> None:
         [1, 2],
         8 * MiB,
         MiB,
-        4,
         devices.detect("host-emulated"),
         use_fio=False,
         drop=lambda: drops.append(1),
         repetitions=3,
+        min_bytes=16 * MiB,
+        copy_threads=2,
+        tensor_bytes=MiB,
     )
     assert out["tool"] == "builtin" and out["repetitions"] == 3 and out["block_bytes"] == MiB
     assert set(out["per_ssd_count"]) == {"1", "2"}
-    for row in out["per_ssd_count"].values():
-        for mode in ("direct_write", "buffered_write"):
+    for n, row in out["per_ssd_count"].items():
+        assert row["file_bytes"] == 16 * MiB // int(n)  # at least min_bytes in all
+        for mode, search in (
+            ("direct_write", ceiling.DIRECT_SEARCH),
+            ("buffered_write", ceiling.BUFFERED_SEARCH),
+        ):
             runs = row[f"{mode}_runs"]
             assert len(runs) == 3 and all(r > 0 for r in runs)
-            assert row[f"{mode}_Bps"] == pytest.approx(statistics.median(runs), rel=1e-6)
-    assert len(drops) == 2 * 2 * 3  # the page cache is dropped before every storage run
-    assert out["copy_Bps"] > 1e8 and "d2h_Bps" not in out
+            tried = row[f"{mode}_search"]
+            assert [(t["jobs"], t["iodepth"]) for t in tried] == search
+            best = max(tried, key=lambda t: t["Bps"])
+            assert row[f"{mode}_config"] == {"jobs": best["jobs"], "iodepth": best["iodepth"]}
+            # the ceiling is the best run of the chosen configuration
+            assert row[f"{mode}_Bps"] == pytest.approx(max(runs + [best["Bps"]]), rel=1e-6)
+            assert row[f"{mode}_median_Bps"] == pytest.approx(statistics.median(runs), rel=1e-6)
+    searched = len(ceiling.DIRECT_SEARCH) + len(ceiling.BUFFERED_SEARCH)
+    assert len(drops) == 2 * (searched + 2 * 3)  # the page cache is dropped before every run
+    assert out["copy_Bps"] > 1e8 and "d2h_Bps" not in out and out["copy_threads"] == 2
     assert len(out["copy_runs"]) == 5
-    assert out["copy_Bps"] == pytest.approx(statistics.median(out["copy_runs"]), rel=1e-3)
+    assert out["copy_Bps"] == pytest.approx(max(out["copy_runs"]), rel=1e-3)
+    assert out["serialize_Bps"] > 1e7
+    # After the sweep: the chosen configurations only, no search.
+    again = ceiling.measure(
+        dirs,
+        [1, 2],
+        8 * MiB,
+        MiB,
+        devices.detect("host-emulated"),
+        use_fio=False,
+        repetitions=1,
+        min_bytes=16 * MiB,
+        configs=ceiling.chosen_configs(out),
+    )
+    for n, row in again["per_ssd_count"].items():
+        assert "direct_write_search" not in row
+        assert row["direct_write_config"] == out["per_ssd_count"][n]["direct_write_config"]
+
+
+def test_drift_between_before_and_after_is_said() -> None:
+    before = {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}}}
+    after = {"per_ssd_count": {"1": {"direct_write_Bps": 1e9, "buffered_write_Bps": 1.1e9}}}
+    (line,) = ceiling.drift(before, after)
+    assert line == (
+        "direct write ceiling of 1 target(s) moved from 2.00 GB/s before the sweep "
+        "to 1.00 GB/s after"
+    )
+
+
+def test_random_bytes_do_not_compress() -> None:
+    import zlib
+
+    b = ceiling.random_bytes(1 << 20, seed=3).tobytes()
+    assert len(zlib.compress(b)) >= len(b) and b != ceiling.random_bytes(1 << 20, seed=4).tobytes()
 
 
 def test_efficiency_of_a_row() -> None:
+    """One definition: write = bytes / total_s over the ceiling of the engine's kind of write
+    (for the targets it wrote); snapshot = bytes / stall over the copy ceiling."""
     c = {
-        "per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}},
+        "per_ssd_count": {
+            "1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9},
+            "2": {"direct_write_Bps": 3e9, "buffered_write_Bps": 1.5e9},
+        },
         "copy_Bps": 10e9,
     }
     row = {
@@ -91,12 +157,14 @@ def test_efficiency_of_a_row() -> None:
         "persist_s": 0.9,
         "stall_s": 0.1,
     }
-    # persist 1e9 / 0.9 s over 2 GB/s; snapshot 1e9 / 0.1 s over 10 GB/s
-    assert rows.efficiency(row, c) == (round(1 / 0.9 / 2, 4), 1.0)
-    row = {**row, "engine": "cpu-double"}
-    assert rows.efficiency(row, c) == (round(1 / 0.9, 4), 1.0)
-    # gds and torch-save are synchronous: persist over total_s, no snapshot
-    row = {**row, "engine": "torch-save", "persist_s": 0.0, "stall_s": 1.0}
-    assert rows.efficiency(row, c) == (1.0, None)
-    assert rows.efficiency({**row, "n_targets": 2}, c) == (None, None)
+    assert rows.efficiency(row, c) == (0.5, 1.0)
+    assert rows.efficiency({**row, "n_targets": 2}, c) == (round(1 / 3, 4), 1.0)
+    assert rows.efficiency({**row, "engine": "cpu-double"}, c) == (1.0, 1.0)
+    # gds stalls until durable: no snapshot; torch-save writes one target whatever n_targets
+    assert rows.efficiency({**row, "engine": "gds", "stall_s": 1.0}, c) == (0.5, None)
+    ts = {**row, "engine": "torch-save", "persist_s": 0.0, "stall_s": 1.0, "n_targets": 2}
+    assert rows.efficiency(ts, c) == (1.0, None)
+    # dcp's stall is its staging copy: judged against the copy ceiling too
+    assert rows.efficiency({**row, "engine": "dcp", "stall_s": 0.2}, c) == (1.0, 0.5)
     assert rows.efficiency(row, None) == (None, None)
+    assert rows.beaten(1.06, None) and not rows.beaten(1.05, float("nan"))

@@ -44,6 +44,10 @@ def write_config(scratch: Path, **changes: object) -> Path:
         "targets": targets,
         "repetitions": 1,
         "warmups": 1,
+        "ceilings": {
+            "min_bytes": "8MiB",
+            "repetitions": 1,
+        },  # small probes: a test, not a ceiling study
         **changes,
     }
     path = scratch / "tiny.yaml"
@@ -143,7 +147,7 @@ def test_run_tiny_sweep(scratch: Path) -> None:
     assert "synthetic-8MiB-16MiB" not in p.stdout  # the skipped case has no row
     # the device ceilings measured in the same run, and what the efficiency columns mean
     assert any(line.startswith("ceilings (") for line in lines)
-    assert "persist_eff" in table
+    assert "write_eff" in table and "snapshot_eff" in table
     with open(run_dir / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 32

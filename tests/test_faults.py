@@ -38,6 +38,10 @@ def _write_config(path: Path, **over: object) -> Path:
         "ssd_counts": [1],
         "repetitions": 1,
         "warmups": 0,
+        "ceilings": {
+            "min_bytes": "8MiB",
+            "repetitions": 1,
+        },  # small probes: a test, not a ceiling study
         "scratch": str(path.parent / "tg"),
         "engine_options": {e: {"chunk_bytes": "1MiB"} for e in ("cpu-single", "cpu-double", "gds")},
     }

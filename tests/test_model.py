@@ -37,79 +37,141 @@ def prof(**kw: float) -> model.Profile:
     return model.Profile(**base)  # type: ignore[arg-type]
 
 
-def test_formulas_by_hand_two_ssds() -> None:
+def test_formulas_by_hand_two_ssds_two_gpus() -> None:
+    """g = 2 GPUs at once (the profile's), 2 SSDs each: m = 4 SSDs, W_g = 20 / 2 = 10,
+    d = min(b = 50, C / g = 10) = 10 GB/s."""
     p = prof()
     got = {pr.engine: pr for pr in model.predict_all(p, 2)}
-    # gds: S / min(L = b = 50, 2 x 5 = 10) = 100 / 10
+    # gds: S / min(L = 50, W_g = 10)
     assert got["gds"].stall_s == pytest.approx(10.0)
     assert got["gds"].durable_s == pytest.approx(10.0)
     assert got["gds"].host_bytes == 0
-    # cpu-single: S / b = 2 s stall; + S / W(2) = 10 s persist; staging = S
-    assert got["cpu-single"].stall_s == pytest.approx(2.0)
-    assert got["cpu-single"].durable_s == pytest.approx(12.0)
+    # cpu-single: S / d = 10 s stall; + S / W_g = 10 s persist; staging = S
+    assert got["cpu-single"].stall_s == pytest.approx(10.0)
+    assert got["cpu-single"].durable_s == pytest.approx(20.0)
     assert got["cpu-single"].host_bytes == pytest.approx(100 * GB)
-    # cpu-double: persist S / min(c = 20 / 2 = 10, 10) = 10 s; staging + page cache = 2 S
-    assert got["cpu-double"].stall_s == pytest.approx(2.0)
-    assert got["cpu-double"].durable_s == pytest.approx(12.0)
+    # cpu-double: persist S / min(P(4) / g = 10, C / g = 10); staging + page cache = 2 S
+    assert got["cpu-double"].stall_s == pytest.approx(10.0)
+    assert got["cpu-double"].durable_s == pytest.approx(20.0)
     assert got["cpu-double"].host_bytes == pytest.approx(200 * GB)
-    # torch-save: one SSD, synchronous: 2 + 100 / min(10, 5) = 22 s
-    assert got["torch-save"].stall_s == pytest.approx(22.0)
-    assert got["torch-save"].durable_s == pytest.approx(22.0)
+    # torch-save: the first SSD shared by both GPUs (5 / 2), synchronous: 10 + 100 / 2.5
+    assert got["torch-save"].stall_s == pytest.approx(50.0)
+    assert got["torch-save"].durable_s == pytest.approx(50.0)
     assert got["torch-save"].host_bytes == pytest.approx(100 * GB)
-    # dcp: stall 2 s, durable 22 s (first SSD only), 2 S
-    assert got["dcp"].stall_s == pytest.approx(2.0)
-    assert got["dcp"].durable_s == pytest.approx(22.0)
+    # dcp: stall 10 s, durable 50 s, 2 S
+    assert got["dcp"].stall_s == pytest.approx(10.0)
+    assert got["dcp"].durable_s == pytest.approx(50.0)
     assert got["dcp"].host_bytes == pytest.approx(200 * GB)
 
 
+def test_one_gpu_alone_gets_the_whole_host() -> None:
+    p = prof()
+    # g = 1 over 2 SSDs: d = min(50, 20) = 20, W = 10
+    assert model.predict(p, "cpu-single", 2, g=1).stall_s == pytest.approx(5.0)
+    assert model.predict(p, "cpu-single", 2, g=1).durable_s == pytest.approx(15.0)
+    assert model.predict(p, "gds", 2, g=1).stall_s == pytest.approx(10.0)
+    # the page-cache path: min(P(1) = 5, C = 20); dedicated targets give the first SSD alone
+    assert model.predict(p, "torch-save", 2, g=1).stall_s == pytest.approx(5 + 20)
+    assert model.predict(p, "dcp", 4, g=2, mapping="dedicated").durable_s == pytest.approx(10 + 20)
+
+
+def test_measured_storage_and_serialisation_replace_the_per_ssd_figures() -> None:
+    p = prof(
+        gpus_sharing_host=1,
+        direct_by_n=((1, 2 * GB), (4, 3 * GB)),
+        buffered_by_n=((1, 1 * GB), (4, 1.5 * GB)),
+        serialize_Bps=0.5 * GB,
+    )
+    assert model.predict(p, "cpu-single", 4).durable_s == pytest.approx(100 / 20 + 100 / 3)
+    assert model.predict(p, "cpu-double", 4).durable_s == pytest.approx(100 / 20 + 100 / 1.5)
+    assert model.predict(p, "gds", 1).stall_s == pytest.approx(100 / 2)
+    # torch.save: bounded by its serialisation, z = 0.5 < P(1) = 1
+    assert model.predict(p, "torch-save", 1).stall_s == pytest.approx(100 / 20 + 100 / 0.5)
+
+
 def test_host_copy_bounds_cpu_double_when_slower_than_ssds() -> None:
-    # C = 8 GB/s shared by 2 GPUs: c = 4 GB/s < W(4) = 20 GB/s
+    # C = 8 GB/s shared by 2 GPUs: c = 4 GB/s < W_g = W(4) / 2 = 10 GB/s; d = 4 GB/s too
     p = prof(host_copy_Bps=8 * GB)
-    assert model.predict(p, "cpu-double", 4).durable_s == pytest.approx(2 + 100 / 4)
-    assert model.predict(p, "cpu-single", 4).durable_s == pytest.approx(2 + 100 / 20)
+    assert model.predict(p, "cpu-double", 4).durable_s == pytest.approx(100 / 4 + 100 / 4)
+    assert model.predict(p, "cpu-single", 4).durable_s == pytest.approx(100 / 4 + 100 / 10)
 
 
 def test_stall_ratio_and_break_even_by_hand() -> None:
-    p = prof()
-    assert model.stall_ratio(p, 1) == pytest.approx(10.0)  # 50 / 5
-    assert model.stall_ratio(p, 2) == pytest.approx(5.0)
-    np.testing.assert_allclose(model.stall_ratio(p, [5, 10, 20]), [2.0, 1.0, 1.0])
-    assert model.break_even(p) == pytest.approx(10.0)
-    assert model.break_even_ssds(p) == 10
+    p = prof()  # d = min(50, 20 / 2) = 10, w = 5
+    assert model.stall_ratio(p, 1) == pytest.approx(2.0)
+    assert model.stall_ratio(p, 2) == pytest.approx(1.0)
+    np.testing.assert_allclose(model.stall_ratio(p, [1, 4, 20]), [2.0, 0.5, 0.2])  # L = 50 caps
+    assert model.break_even(p) == pytest.approx(2.0)
+    assert model.break_even_ssds(p) == 2
+    # one GPU alone has the host's whole intake: d = 20
+    assert model.stall_ratio(p, 1, g=1) == pytest.approx(4.0)
+    assert model.break_even(p, g=1) == pytest.approx(4.0)
     # GDS stall equals the CPU-centric stall exactly at the break-even
     n = model.break_even_ssds(p)
-    assert model.predict(p, "gds", n).stall_s == pytest.approx(
-        model.predict(p, "cpu-single", n).stall_s
+    g = p.gpus_sharing_host
+    assert model.predict(p, "gds", n * g).stall_s == pytest.approx(
+        model.predict(p, "cpu-single", n * g).stall_s
     )
 
 
 def test_break_even_rounds_up_and_is_consistent() -> None:
-    p = prof(d2h_Bps=52.77 * GB, ssd_write_Bps=3.8 * GB)
+    p = prof(d2h_Bps=52.77 * GB, ssd_write_Bps=3.8 * GB, gpus_sharing_host=1, host_copy_Bps=1e12)
     assert model.break_even(p) == pytest.approx(52.77 / 3.8)
     assert model.break_even_ssds(p) == 14
     assert model.stall_ratio(p, 13) > 1 >= model.stall_ratio(p, 14)
 
 
 def test_break_even_never_when_link_is_slower_or_device_shared() -> None:
-    slow_link = prof(link_Bps=20 * GB)
+    slow_link = prof(link_Bps=5 * GB)  # L = 5 < d = 10
     assert math.isinf(model.break_even(slow_link))
     assert model.break_even_ssds(slow_link) is None
-    assert model.stall_ratio(slow_link, 100) == pytest.approx(50 / 20)
+    assert model.stall_ratio(slow_link, 100) == pytest.approx(10 / 5)
     shared = prof(shared_device=True)
     assert math.isinf(model.break_even(shared))
-    assert model.stall_ratio(shared, 8) == pytest.approx(10.0)  # adding targets adds nothing
-    assert model.predict(shared, "cpu-single", 4).durable_s == pytest.approx(2 + 100 / 5)
+    assert model.stall_ratio(shared, 8) == pytest.approx(10 / 2.5)  # adding targets adds nothing
+    assert model.predict(shared, "cpu-single", 4).durable_s == pytest.approx(10 + 100 / 2.5)
     fast_disk = prof(shared_device=True, ssd_write_Bps=60 * GB)
     assert model.break_even_ssds(fast_disk) == 1
 
 
+def test_checkpoint_plan_is_young_daly_held_back_to_the_persist_time() -> None:
+    p = prof(gpus_sharing_host=1)
+    m = 10 * 3600
+    plans = {pl.engine: pl for pl in model.plan(p, m)}
+    gds = plans["gds"]  # delta = 10 s (S / W(1) = 100 / 5 / ... with g = 1: min(L, 5))
+    delta = model.predict(p, "gds").stall_s
+    x = delta / (2 * m)
+    tau = math.sqrt(2 * delta * m) * (1 + math.sqrt(x) / 3 + x / 9) - delta
+    assert gds.interval_s == pytest.approx(tau)
+    assert gds.lost_fraction == pytest.approx(delta / (tau + delta) + tau / 2 / m)
+    cs = plans["cpu-single"]
+    pr = model.predict(p, "cpu-single")
+    lag = pr.durable_s - pr.stall_s
+    assert cs.stall_s == pytest.approx(pr.stall_s) and cs.interval_s >= lag
+    assert cs.lost_fraction == pytest.approx(
+        pr.stall_s / (cs.interval_s + pr.stall_s) + (cs.interval_s / 2 + lag) / m
+    )
+    # a path whose persist outlasts the optimum is held back to it
+    slow = {
+        pl.engine: pl for pl in model.plan(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), 3600)
+    }
+    assert slow["cpu-single"].limited_by_persist
+    assert slow["cpu-single"].interval_s == pytest.approx(
+        model.predict(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), "cpu-single").durable_s
+        - model.predict(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), "cpu-single").stall_s
+    )
+    with pytest.raises(UserError, match="--mtbf must be positive"):
+        model.plan(p, 0)
+
+
 @pytest.mark.parametrize(
     ("name", "b", "w", "n", "break_even"),
+    # all 8 GPUs checkpoint at once: d = min(b, C / 8 = 100 / 8 = 12.5 GB/s); n* = d / w
     [
-        ("a100-gen4", 25, 3.8, 1, 7),
-        ("dgx-h100-gen4", 52.77, 3.8, 1, 14),
-        ("dgx-h100-gen5", 52.77, 6.6, 1, 8),
-        ("nd-h200-v5", 52.77, 3.3, 1, 16),
+        ("a100-gen4", 25, 3.8, 1, 4),  # 12.5 / 3.8 = 3.3
+        ("dgx-h100-gen4", 52.77, 3.8, 1, 4),
+        ("dgx-h100-gen5", 52.77, 6.6, 1, 2),  # 12.5 / 6.6 = 1.9
+        ("nd-h200-v5", 52.77, 3.3, 1, 4),  # 12.5 / 3.3 = 3.8
     ],
 )
 def test_profiles_quote_the_reference_figures(
@@ -183,21 +245,43 @@ def test_from_run_prefers_env_ceilings() -> None:
 
 
 def test_cli_model_prints_the_feasibility_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """One answer: the headline, the ratio row and the per-engine table all come from predict
+    with the host's 8 GPUs at once (d = min(52.77, 100 / 8) = 12.5 GB/s)."""
     assert main(["model", "dgx-h100-gen4"]) == 0
     out = capsys.readouterr().out
-    assert "break-even: 14 SSDs per GPU (n* = b / w = 52.77 / 3.80 = 13.89)" in out
+    assert (
+        "break-even with 8 GPU(s) checkpointing at once: 4 SSDs per GPU (n* = d / w = "
+        "12.50 / 3.80 = 3.29, d = min(b, C/g)); GDS stalls 3.29x as long"
+    ) in out
     assert "52.77 GB/s" in out and "vendor rating" in out and "nvbandwidth" in out
-    assert "ratio         13.89" in out
+    assert "ratio         3.29" in out
     lines = {
         ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith(("gds ", "cpu-"))
     }
     assert lines["gds"][1] == "21.1"  # 80 GB / 3.8 GB/s
-    assert lines["cpu-single"][1] == "1.52"  # 80 GB / 52.77 GB/s
+    assert lines["cpu-single"][1] == "6.4"  # 80 GB / 12.5 GB/s
     assert main(["model", "dgx-h100-gen4", "--ssds", "2", "--size", "40GB"]) == 0
     out = capsys.readouterr().out
-    assert "40 GB with 2 SSD(s) per GPU" in out
+    assert "each GPU's checkpoint of 40 GB, 8 GPU(s) at once, 2 SSD(s) per GPU" in out
     gds = next(ln for ln in out.splitlines() if ln.startswith("gds "))
     assert gds.split()[1] == "5.26"  # 40 / 7.6
+
+
+def test_cli_model_mtbf_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["model", "dgx-h100-gen4", "--mtbf", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    p = model.load_profile("dgx-h100-gen4")
+    for pl in model.plan(p, 12 * 3600):
+        got = out["engines"][pl.engine]
+        assert got["interval_s"] == pytest.approx(pl.interval_s)
+        assert got["lost_fraction"] == pytest.approx(pl.lost_fraction)
+        assert 0 < got["lost_fraction"] < 1
+    e = out["engines"]
+    assert e["cpu-single"]["lost_fraction"] < e["gds"]["lost_fraction"]
+    assert main(["model", "dgx-h100-gen4", "--mtbf", "0"]) == 2
+    assert "--mtbf: must be a positive number of hours, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("profile", ["this-machine", "configs/hardware/this-machine.yaml"])

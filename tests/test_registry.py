@@ -95,7 +95,7 @@ def test_a_copied_engine_runs_reports_and_is_modelled(copied_engine, scratch, ca
     cfg.write_text(
         "name: copy\nengines: [cpu-single, cpu-single-copy]\ntotal_sizes: [8MiB]\n"
         f"tensor_sizes: [1MiB]\nscratch: {scratch}/t\nrepetitions: 2\nwarmups: 0\n"
-        "ceilings: {tool: builtin, repetitions: 1}\n"
+        "ceilings: {tool: builtin, repetitions: 1, min_bytes: 8MiB}\n"
         "engine_options: {cpu-single-copy: {chunk_bytes: 1MiB}, cpu-single: {chunk_bytes: 1MiB}}\n"
     )
     out = scratch / "out"
@@ -104,7 +104,7 @@ def test_a_copied_engine_runs_reports_and_is_modelled(copied_engine, scratch, ca
     rows = results.read_rows(str(run_dir))
     mine = rows[rows["engine"] == copied_engine]
     assert len(mine) == 2 and mine["verified"].all()
-    assert mine["persist_efficiency"].notna().all() and mine["snapshot_efficiency"].notna().all()
+    assert mine["write_efficiency"].notna().all() and mine["snapshot_efficiency"].notna().all()
     env = json.loads((run_dir / "env.json").read_text())
     assert env["engines"][copied_engine]["traits"] == BUILTIN["cpu-single"].to_json()
     # Analysis knows the engine from env.json alone.

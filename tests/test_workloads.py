@@ -170,3 +170,26 @@ def test_model_state_errors(kwargs: dict, says: str) -> None:
     with pytest.raises(UserError) as e:
         model_state(**kwargs)
     assert says in str(e.value)
+
+
+def test_synthetic_bytes_are_incompressible_and_the_same_on_any_device():
+    """Random bytes, not random floats: every byte position takes every value, zlib cannot shrink
+    them, and the piecewise fill a GPU tensor gets gives the same bytes as the host fill."""
+    import zlib
+
+    import numpy as np
+
+    from bench.workloads.synthetic import fill_random
+
+    state = synthetic_state(1 << 20, 1 << 20, torch.float32, "cpu", seed=5)
+    raw = state["t00000"].view(torch.uint8).numpy()
+    assert len(zlib.compress(raw.tobytes(), 6)) >= raw.size
+    for k in range(4):  # the exponent byte of a float in [0, 1) would be nearly constant
+        assert len(np.unique(raw[k::4])) == 256
+    a = fill_random(
+        torch.empty(1000003, dtype=torch.uint8), np.random.Generator(np.random.SFC64(7))
+    )
+    b = fill_random(
+        torch.empty(1000003, dtype=torch.uint8), np.random.Generator(np.random.SFC64(7)), piece=4096
+    )
+    assert torch.equal(a, b)

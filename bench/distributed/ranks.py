@@ -97,10 +97,12 @@ def save_shard(eng: Any, state: Any, base: str, rank: int, world: int) -> Any:
     return eng.save(state, shard_name(base, rank, world))
 
 
-def load_shard(eng: Any, base: str, rank: int, world: int, device: str = "cpu") -> Any:
+def load_shard(
+    eng: Any, base: str, rank: int, world: int, device: str = "cpu", checksums: bool = True
+) -> Any:
     """This rank's shard of checkpoint `base`; refused when another world size saved it."""
     check_world(eng.targets[0], base, rank, world)
-    return eng.load(shard_name(base, rank, world), device=device)
+    return eng.load(shard_name(base, rank, world), device=device, checksums=checksums)
 
 
 # --- planning the groups of a multi-rank sweep ------------------------------------------------

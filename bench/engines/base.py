@@ -119,7 +119,13 @@ class Engine(Protocol):
 
     def save(self, state: Any, name: str) -> PendingSave: ...
 
-    def load(self, name: str, device: str = "cpu") -> Any: ...
+    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+        """The saved state on `device`; `checksums=False` skips checking the engine's own
+        checksums (the benchmark times the read alone, then calls `check()`)."""
+
+    def check(self, name: str, state: Any) -> None:
+        """Check a restored state against the checksums the engine recorded (a ChecksumError
+        naming the tensor); nothing for an engine without checksums."""
 
     def delete(self, name: str) -> None:
         """Remove checkpoint `name` from every target."""

@@ -27,11 +27,11 @@ class BaselineEngine:
     name: str
     traits: Traits
     restore_mode = "host"
+    pinned_bytes = 0  # host staging memory the engine holds between saves
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         self.options = build_options(self.name, options)
         self.targets = check_targets(self.name, targets)
-        self.pinned_bytes = 0
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
@@ -97,6 +97,9 @@ class BaselineEngine:
             return "complete"
         d = self.ckpt_dir(name)
         return "incomplete" if os.path.isdir(d) and os.listdir(d) else "absent"
+
+    def check(self, name: str, state: Any) -> None:
+        """The libraries keep no checksums of their own: the byte comparison is the check."""
 
     def warm(self, state: Any) -> None:
         """Nothing to pre-allocate: the library allocates as it goes."""

@@ -472,13 +472,13 @@ class Gds(StripedEngine):
 
     # -- restore ----------------------------------------------------------------------------
 
-    def load(self, name: str, device: str = "cpu") -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
         """Restore `name`; into CUDA memory through kvikio pread (the GDS read path) when this
         engine writes with kvikio, else through host memory like the other engines."""
         dev = torch.device(device)
         if self.io != "kvikio" or dev.type != "cuda":
             self.restore_mode, self.restore_detail = "host", {}
-            return super().load(name, device)
+            return super().load(name, device, checksums)
         check_name(name)
         m = manifest.read(self.targets, name)
         layout.check_files(self.targets, m)
@@ -523,12 +523,14 @@ class Gds(StripedEngine):
         ]
         if got != want:
             raise UserError(f"checkpoint {name!r}: kvikio read fewer bytes than its manifest lists")
-        if m.checksums:
+        if checksums and m.checksums:
             for i, buf in out.items():
                 layout.check_entry(self.targets, m, m.tensors[i], buf)
         if host_side:
             for i, t in zip(
-                host_side, layout.read_tensors(self.targets, m, only=host_side), strict=True
+                host_side,
+                layout.read_tensors(self.targets, m, only=host_side, check=checksums),
+                strict=True,
             ):
                 out[i] = to_device(t.reshape(-1).view(torch.uint8) if t.numel() else t, dev)
         device_bytes = sum(m.tensors[i].nbytes for i in out if i not in host_side)

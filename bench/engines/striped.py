@@ -11,7 +11,6 @@ where the bytes come from and how they are written:
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import time
@@ -33,7 +32,7 @@ from bench.engines.base import (
 )
 from bench.engines.traits import Traits
 from bench.errors import UserError
-from bench.staging import Staging
+from bench.staging import COPY_PIECE, Staging, copy_tasks, run_copies
 from bench.tree import flatten, unflatten
 
 
@@ -184,7 +183,7 @@ class StripedEngine:
                 path = layout.data_file(self.targets, result.name, t, result.save_id)
                 fds[t] = os.open(path, flags, 0o644)
                 if self.options.fallocate and n:
-                    _preallocate(fds[t], n)
+                    odirect.preallocate(fds[t], n)
         except BaseException:
             self._close(fds, [])
             raise
@@ -275,14 +274,30 @@ class StripedEngine:
 
     # -- load and housekeeping --------------------------------------------------------------
 
-    def load(self, name: str, device: str = "cpu") -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
         check_name(name)
         m = manifest.read(self.targets, name)
-        tensors = layout.read_tensors(self.targets, m)
+        tensors = layout.read_tensors(self.targets, m, check=checksums)
         dev = torch.device(device)
         if dev.type != "cpu":
             tensors = [t.to(dev) for t in tensors]
         return unflatten(m.tree, tensors)
+
+    def check(self, name: str, state: Any) -> None:
+        """Check a restored state's tensors against the checksums of `name`'s manifest."""
+        m = manifest.read(self.targets, check_name(name))
+        if not m.checksums:
+            return
+        _, tensors = flatten(state)
+        for e, (_, t) in zip(m.tensors, tensors, strict=True):
+            if e.nbytes:
+                flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                layout.check_entry(
+                    self.targets,
+                    m,
+                    e,
+                    flat if flat.device.type != "cpu" and e.wsum64 else flat.cpu(),
+                )
 
     def warm(self, state: Any) -> None:
         """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
@@ -319,45 +334,6 @@ class StripedEngine:
     @property
     def pinned_bytes(self) -> int:
         return self.staging.pinned_bytes
-
-
-COPY_PIECE = 8 << 20  # bytes per snapshot copy task
-
-
-def _preallocate(fd: int, n: int) -> None:
-    """Reserve `n` bytes for the file; a filesystem without fallocate is simply skipped, and a
-    full disk fails here, before any data is written."""
-    try:
-        os.posix_fallocate(fd, 0, n)
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            return
-        raise
-
-
-def copy_tasks(pairs: list[tuple[np.ndarray, np.ndarray]], piece: int) -> list[list[tuple]]:
-    """Group (dst, src) byte-array pairs into tasks of about `piece` bytes each: a large pair is
-    split into pieces, small ones are batched, and the order of the bytes is kept."""
-    tasks: list[list[tuple]] = []
-    cur: list[tuple] = []
-    cur_bytes = 0
-    for dst, src in pairs:
-        n = src.nbytes
-        for lo in range(0, n, piece):
-            hi = min(n, lo + piece)
-            cur.append((dst[lo:hi], src[lo:hi]))
-            cur_bytes += hi - lo
-            if cur_bytes >= piece:
-                tasks.append(cur)
-                cur, cur_bytes = [], 0
-    if cur:
-        tasks.append(cur)
-    return tasks
-
-
-def run_copies(task: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    for dst, src in task:
-        np.copyto(dst, src)
 
 
 def _host_bytes(t: torch.Tensor) -> np.ndarray:

@@ -32,6 +32,7 @@ class TorchSave(BaselineEngine):
         stripes=False,
         host_copies=1,
         baseline=True,
+        serializes=True,
         summary="torch.save to one file in the first target, fsync",
     )
 
@@ -54,7 +55,7 @@ class TorchSave(BaselineEngine):
         pending.finish_now()
         return pending
 
-    def load(self, name: str, device: str = "cpu") -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
         return torch.load(
             os.path.join(self.current_dir(name), FILE), map_location=device, weights_only=True
         )

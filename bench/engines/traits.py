@@ -37,6 +37,9 @@ class Traits:
     # Its restore may change key types (DCP: int keys come back as str): verified tensor by
     # tensor under the same key paths rather than node by node.
     loose_keys: bool = False
+    # Its library turns the tensors into a file format on the CPU before writing (torch.save's
+    # zip archive, DCP's items): bounded by the serialisation rate the run measures.
+    serializes: bool = False
     # One line for reports: what it does.
     summary: str = ""
 
@@ -94,6 +97,7 @@ BUILTIN: dict[str, Traits] = {
         False,
         1,
         True,
+        serializes=True,
         summary="torch.save to one file in the first target, fsync",
     ),
     "dcp": Traits(
@@ -105,6 +109,7 @@ BUILTIN: dict[str, Traits] = {
         2,
         True,
         loose_keys=True,
+        serializes=True,
         summary="torch.distributed.checkpoint.async_save, FileSystemWriter(sync_files=True)",
     ),
 }
