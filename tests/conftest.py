@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 ENGINES = tuple(engines.names())
 STRIPED_ENGINES = tuple(e for e in ENGINES if engines.traits_of(e).stripes)
 BASELINE_ENGINES = tuple(e for e in ENGINES if not engines.traits_of(e).stripes)
+# The engines that can run on this machine (an optional library may be missing: DeepSpeed).
+RUNNABLE = tuple(e for e in ENGINES if engines.unavailable(e) is None)
 
 
 def scratch_base() -> Path:
@@ -80,6 +82,9 @@ def make_engine() -> Iterator[Callable[..., Any]]:
     made: list[Any] = []
 
     def make(name: str, dirs: list[str], **options: Any) -> Any:
+        reason = engines.unavailable(name, options)
+        if reason:
+            pytest.skip(f"{name}: {reason}")
         skip_without_odirect(name, dirs)
         eng = engines.create(name, dirs, **options)
         made.append(eng)

@@ -66,14 +66,21 @@ def assert_one_line_error(p: subprocess.CompletedProcess[str], *says: str) -> st
     return lines[0]
 
 
-def test_engines_lists_all_five() -> None:
+def test_engines_lists_every_registered_engine() -> None:
+    from bench import engines
+
     p = ckptbench("engines")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == f"device: {'cuda' if torch.cuda.is_available() else 'host-emulated'}"
-    assert sorted(line.split()[0] for line in lines[1:]) == sorted(ENGINES)
+    assert [line.split()[0] for line in lines[1:]] == engines.names()
     for line in lines[1:]:
-        assert line.split()[1] == "available", line
+        why = engines.unavailable(line.split()[0])
+        if why is None:
+            assert line.split()[1] == "available", line
+        else:  # says exactly why, and how to get it
+            assert line.split(maxsplit=1)[1] == f"unavailable: {why}", line
+    assert all(line.split()[1] == "available" for line in lines[1:] if line.split()[0] in ENGINES)
     if not torch.cuda.is_available():
         (gds,) = [line for line in lines if line.startswith("gds ")]
         assert "host emulation, gds_mode=emulated" in gds

@@ -435,10 +435,12 @@ def test_kvikio_that_does_not_import(make_engine, targets, monkeypatch):
         raise ImportError("No module named 'kvikio'")
 
     monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
+    from bench import engines
+
     with pytest.raises(
         UserError, match=r"gds cannot run here: kvikio is not installed \(No module"
     ):
-        kvikio_engine(make_engine, targets(1))
+        engines.create("gds", targets(1), io="kvikio", device="host-emulated")
 
 
 def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypatch):

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ENGINES, STRIPED_ENGINES
+from conftest import ENGINES, RUNNABLE, STRIPED_ENGINES
 
 from bench import engines, generations, layout
 from bench.errors import ChecksumError, UserError
 
 STRIPED = STRIPED_ENGINES
-ALL = ENGINES
+ALL = RUNNABLE
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -295,7 +295,7 @@ def test_missing_data_file(saved, engine, t):
 # -- options, targets, names --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ALL)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_unknown_option_is_named(targets, engine):
     with pytest.raises(UserError) as e:
         engines.create(engine, targets(1), chunk_size="8KiB")

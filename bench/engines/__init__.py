@@ -34,9 +34,11 @@ class Entry:
 ENGINES: dict[str, Entry] = {
     "gds": Entry("bench.engines.gds:Gds", opts.GdsOptions),
     "cpu-single": Entry("bench.engines.cpu_single:CpuSingle", opts.StripedOptions),
-    "cpu-double": Entry("bench.engines.cpu_double:CpuDouble", opts.StripedOptions),
+    "cpu-double": Entry("bench.engines.cpu_double:CpuDouble", opts.DoubleOptions),
     "torch-save": Entry("bench.engines.torch_save:TorchSave", opts.NoOptions),
     "dcp": Entry("bench.engines.dcp:Dcp", opts.DcpOptions),
+    "safetensors": Entry("bench.engines.safetensors_save:Safetensors", opts.NoOptions),
+    "fastpersist": Entry("bench.engines.fastpersist:FastPersist", opts.FastPersistOptions),
 }
 
 
@@ -102,6 +104,7 @@ def unavailable(name: str, options: dict[str, Any] | None = None) -> str | None:
 
 def create(name: str, targets: list[str], **options: Any) -> Any:
     """A ready engine writing to `targets` (directories, in order); options are engine knobs."""
+    validate_options(name, options)  # a bad option is said first, wherever the engine runs
     reason = unavailable(name, options)
     if reason:
         raise UserError(f"engine {name} cannot run here: {reason}")

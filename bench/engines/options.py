@@ -40,6 +40,11 @@ class StripedOptions(Strict):
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Rate | list[Rate | None] | None = None
+    # CPU paths: write each chunk as soon as it is in staging, while later chunks are still being
+    # copied, so that persisting overlaps the snapshot (the stall still ends at the last byte).
+    overlap: bool = True
+    # With overlap: writes in flight while the snapshot still runs (0: no limit).
+    overlap_writes: NonNeg = 1
 
     @field_validator("chunk_bytes")
     @classmethod
@@ -47,6 +52,13 @@ class StripedOptions(Strict):
         if v % ALIGN:
             raise ValueError(f"must be a multiple of {ALIGN}, got {v}")
         return v
+
+
+class DoubleOptions(StripedOptions):
+    """cpu-double: overlapping its buffered writes with the snapshot competes with the snapshot
+    for memory bandwidth (the writes copy into the page cache), so it is off by default."""
+
+    overlap: bool = False
 
 
 class GdsOptions(StripedOptions):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -358,6 +359,9 @@ class SnapshotEngine(StripedEngine):
         if self.options.staging_chunks:
             self._save_ring(pending, tree, tensors, entries)
             return
+        if self.options.overlap:
+            self._save_overlapped(pending, tree, tensors, entries)
+            return
         result = pending.result
         offsets, used = layout.pack_offsets(entries)
         result.staging_grew = self.staging.ensure(used)
@@ -396,6 +400,145 @@ class SnapshotEngine(StripedEngine):
         self._in_background(
             pending, lambda: self._persist(result, name, tree, entries, pieces, file_bytes, views)
         )
+
+    def _chunk_spans(self, entries: list, offsets: list[int], used: int) -> list[list[tuple]]:
+        """For every chunk of the packed staging buffer, the tensor spans in it:
+        (tensor index, start, end) in staging offsets."""
+        chunk = self.options.chunk_bytes
+        spans: list[list[tuple]] = [[] for _ in range(-(-used // chunk))]
+        for i, (e, off) in enumerate(zip(entries, offsets, strict=True)):
+            pos, end = off, off + e.nbytes
+            while pos < end:
+                j = pos // chunk
+                stop = min(end, (j + 1) * chunk)
+                spans[j].append((i, pos, stop))
+                pos = stop
+        return spans
+
+    def _save_overlapped(
+        self, pending: PendingSave, tree: Any, tensors: list, entries: list
+    ) -> None:
+        """The whole state into staging chunk by chunk, each chunk written as soon as it is in
+        staging: persisting starts with the first chunk instead of after the last, so the time
+        to durability approaches max(copy, write) rather than their sum, while the stall still
+        ends when the last byte is in staging. Host chunks are copied by the copy threads, each
+        submitting its chunk's write when done; device chunks are copied on a side CUDA stream
+        with an event per chunk, and each write waits for its chunk's event (the copy of chunk
+        k+1 overlaps the write of chunk k)."""
+        result = pending.result
+        n = len(self.targets)
+        offsets, used = layout.pack_offsets(entries)
+        result.staging_grew = self.staging.ensure(used)
+        staging, arr = self.staging.tensor, self.staging.array
+        pieces, file_bytes = layout.packed(arr, used, entries, offsets, n, self.options.chunk_bytes)
+        # Contiguous tensors are copied chunk by chunk; a strided one goes whole into its
+        # staging region up front, by a strided copy (no extra contiguous copy).
+        srcs: list[Any] = []
+        strided: list[tuple[torch.Tensor, int]] = []
+        for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
+            src = t.detach()
+            if not e.nbytes or not src.is_contiguous():
+                srcs.append(None)
+                if e.nbytes:
+                    strided.append((src, off))
+                continue
+            flat = src.reshape(-1).view(torch.uint8)
+            srcs.append(flat.numpy() if flat.device.type == "cpu" else flat)
+        spans = self._chunk_spans(entries, offsets, used)
+        fds_f = self._pool.submit(self._open, result, file_bytes)
+        writes: list[Future | None] = [None] * len(pieces)
+        stream = None
+        if any(t.device.type != "cpu" for _, t in tensors):
+            stream = torch.cuda.Stream(device=self.device.torch_device)
+            stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
+        for src, off in strided:
+            dst = staging[off : off + src.numel() * src.element_size()]
+            dst = dst.view(src.dtype).view(src.shape)
+            if src.device.type == "cpu":
+                dst.copy_(src)
+            else:
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+
+        # While the snapshot runs, at most `during` writes are in flight: enough to keep the
+        # disk busy, few enough not to take the cores the copy needs (bench/PERF.md); all the
+        # writer threads join once the stall is over.
+        gate = threading.Semaphore(self.options.overlap_writes or 1 << 30)
+        copying = threading.Event()
+        copying.set()
+
+        def write(j: int, event: Any) -> None:
+            fds = fds_f.result()
+            if event is not None:
+                event.synchronize()
+            held = copying.is_set() and gate.acquire()
+            try:
+                self._write_piece(fds[pieces[j].target], pieces[j])
+            finally:
+                if held:
+                    gate.release()
+
+        def copy_chunk(j: int, event: Any) -> None:
+            for i, a, b in spans[j]:
+                src = srcs[i]
+                if isinstance(src, np.ndarray):  # host; strided ones are in staging already
+                    np.copyto(arr[a:b], src[a - offsets[i] : b - offsets[i]])
+            writes[j] = self._pool.submit(write, j, event)
+
+        copies: list[Future] = []
+        try:
+            for j in range(len(pieces)):
+                event = None
+                device_spans = [
+                    (i, a, b)
+                    for i, a, b in spans[j]
+                    if srcs[i] is not None and not isinstance(srcs[i], np.ndarray)
+                ]
+                if device_spans:
+                    with torch.cuda.stream(stream):
+                        for i, a, b in device_spans:
+                            staging[a:b].copy_(
+                                srcs[i][a - offsets[i] : b - offsets[i]], non_blocking=True
+                            )
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                if self._copy_pool is not None:
+                    copies.append(self._copy_pool.submit(copy_chunk, j, event))
+                else:
+                    copy_chunk(j, event)
+            for f in copies:
+                f.result()
+            if stream is not None:
+                stream.synchronize()
+        except BaseException:
+            for f in copies:
+                try:
+                    f.result()
+                except BaseException:
+                    pass
+            self._close(fds_f.result(), [f for f in writes if f is not None])
+            raise
+        result.pinned_bytes = self.staging.pinned_bytes
+        result.stall_s = (_now() - pending.t0_ns) / 1e9
+        copying.clear()
+        result.extra = {"overlap": True, **(self.staging.describe() if self.device.is_cuda else {})}
+        views = [arr[off : off + e.nbytes] for e, off in zip(entries, offsets, strict=True)]
+
+        def persist() -> None:
+            fds = fds_f.result()
+            futures = [f for f in writes if f is not None]
+            try:
+                if self.options.checksums:
+                    h0 = _now()
+                    for e, view in zip(entries, views, strict=True):
+                        self._hash(e, view)
+                    result.hash_s = (_now() - h0) / 1e9
+            except BaseException:
+                self._close(fds, futures)
+                raise
+            self._drain(result, tree, entries, fds, futures, file_bytes)
+
+        self._in_background(pending, persist)
 
     def _save_ring(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
         """Bounded staging: a ring of K chunk buffers. Each chunk of the packed stream is copied

@@ -1,0 +1,84 @@
+"""`safetensors` baseline: the format most users already have.
+
+`safetensors.torch.save_file` of the state's tensors (flattened by bench.tree; the structure and
+the non-tensor values go into the file's metadata as JSON) into one file `state.safetensors` in
+the first target (a new generation directory committed atomically, see bench.engines.baseline),
+then fsync of the file and the directory. Synchronous: the stall is the whole durable write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from bench import manifest
+from bench.engines.base import PendingSave, SaveResult
+from bench.engines.baseline import BaselineEngine
+from bench.engines.traits import Traits
+from bench.tree import flatten, unflatten
+
+FILE = "state.safetensors"
+TREE_KEY = "ckptbench_tree"
+
+
+class Safetensors(BaselineEngine):
+    name = "safetensors"
+    traits = Traits(
+        stall="durable",
+        from_device=False,
+        o_direct=False,
+        page_cache=True,
+        stripes=False,
+        host_copies=1,
+        baseline=True,
+        summary="safetensors.torch.save_file to one file in the first target, fsync",
+    )
+
+    @classmethod
+    def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
+        try:
+            import safetensors.torch  # noqa: F401
+        except ImportError as e:
+            return f"safetensors is not installed ({e}); pip install safetensors"
+        return None
+
+    def save(self, state: Any, name: str) -> PendingSave:
+        from safetensors.torch import save_file
+
+        t0 = time.perf_counter_ns()
+        tree, tensors = flatten(state)
+        flat = {f"t{i}": t.detach().contiguous() for i, (_, t) in enumerate(tensors)}
+        result = SaveResult(
+            name=name,
+            bytes=sum(t.numel() * t.element_size() for t in flat.values()),
+            targets_used=1,
+        )
+        result.save_id = manifest.new_save_id()
+        gen = self._begin(name, result.save_id)
+        path = os.path.join(gen, FILE)
+        try:
+            save_file(flat, path, metadata={TREE_KEY: json.dumps(tree)})
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._commit(name, result.save_id)
+        except BaseException:
+            self._abort(name, result.save_id)
+            raise
+        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
+        pending = PendingSave(result, t0)
+        pending.finish_now()
+        return pending
+
+    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+        from safetensors import safe_open
+
+        path = os.path.join(self.current_dir(name), FILE)
+        with safe_open(path, framework="pt", device=device) as f:
+            tree = json.loads(f.metadata()[TREE_KEY])
+            tensors = [f.get_tensor(f"t{i}") for i in range(len(list(f.keys())))]
+        return unflatten(tree, tensors)
