@@ -31,6 +31,7 @@ help:
 	@echo "make lint     ruff check + format check"
 	@echo "make report   figures and report.md of the latest run (make plots: figures only)"
 	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
+	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
 	@echo "make train    stall in a real training loop (configs/training.yaml)"
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
@@ -103,6 +104,12 @@ perf-compare: $(BIN)/.installed
 .PHONY: train
 train: $(BIN)/.installed
 	$(BIN)/ckptbench train configs/training.yaml $(ARGS)
+
+# The single-copy path against the peers users would pick and against fio, in one alternating run
+# (scripts/peers.py; fastpersist only where DeepSpeed is installed).
+.PHONY: peers
+peers: $(BIN)/.installed
+	$(BIN)/python scripts/peers.py $(ARGS)
 
 # Each engine next to the device's ceilings (fio when installed) on one target, with the ratios.
 .PHONY: ceiling

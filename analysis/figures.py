@@ -373,6 +373,48 @@ def feasibility(
     return fig
 
 
+@styled
+def lost_fraction(
+    prof: model.Profile, traits: dict[str, Any] | None = None, restart_s: float = 0.0
+) -> Figure:
+    """Expected fraction of training time lost to checkpoint stalls and rework against the mean
+    time between failures, per engine, each at its own best interval (`model.plan`)."""
+    fig, axes = _new(COL1, 2.7)
+    ax = axes[0][0]
+    hours = np.logspace(0, 3, 40)
+    plans = [model.plan(prof, h * 3600, restart_s, traits=traits) for h in hours]
+    for i, e in enumerate(pl.engine for pl in plans[0]):
+        ys = [100 * p[i].lost_fraction for p in plans]
+        ax.plot(
+            hours,
+            ys,
+            color=color(e),
+            marker=marker(e),
+            markevery=8,
+            markersize=3,
+            linewidth=1.0,
+            label=e,
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("mean time between failures (hours, log scale)")
+    ax.set_ylabel("training time lost (%, log scale)")
+    ax.set_title(
+        f"{prof.name}: {model.fmt_bytes(prof.size_bytes)} per GPU, "
+        f"{prof.gpus_sharing_host} GPU(s) at once",
+        fontsize=7,
+    )
+    ax.legend(fontsize=6)
+    fig.text(
+        0.01,
+        0.01,
+        "Young/Daly interval with the stall as the checkpoint cost; a "
+        "background persist bounds the interval from below",
+        fontsize=5,
+    )
+    return fig
+
+
 def timeline_case(run: Run) -> pd.DataFrame:
     """Rows of the case the timeline draws: the largest synthetic checkpoint with its largest
     tensors, at the smallest SSD count (else the largest model workload)."""

@@ -131,6 +131,14 @@ def summary_table(run: Run) -> pd.DataFrame:
     ref = ts.set_index("workload")
     out["speedup_stall"] = out["workload"].map(ref["stall_s"]) / out["stall_s"]
     out["speedup_total"] = out["workload"].map(ref["total_s"]) / out["total_s"]
+    # Against the best of the libraries users would otherwise pick, per workload: the shortest
+    # baseline stall and the shortest baseline time to durability (x > 1: this engine is ahead).
+    base = [e for e in out["engine"].unique() if (t := run.traits(e)) is not None and t.baseline]
+    b = out[out["engine"].isin(base)].groupby("workload")
+    out["best_baseline_stall"] = out["workload"].map(b["stall_s"].min())
+    out["best_baseline_total"] = out["workload"].map(b["total_s"].min())
+    out["x_best_baseline_stall"] = out["best_baseline_stall"] / out["stall_s"]
+    out["x_best_baseline_durable"] = out["best_baseline_total"] / out["total_s"]
     return ordered(out).reset_index(drop=True)
 
 
@@ -167,6 +175,8 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "page cache xS",
         "x torch-save stall",
         "x torch-save durable",
+        "x best baseline stall",
+        "x best baseline durable",
     ]
     eff = bool(table["write_eff"].notna().any())
     if eff:
@@ -189,6 +199,8 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             f"{r['page_cache_x']:.2f}",
             fmt(r["speedup_stall"]),
             fmt(r["speedup_total"]),
+            fmt(r["x_best_baseline_stall"]),
+            fmt(r["x_best_baseline_durable"]),
         ]
         if eff:
             row += [fmt_eff(r["write_eff"]), fmt_eff(r["snapshot_eff"])]

@@ -25,6 +25,8 @@ COLUMNS = {  # summary_table column -> terminal header
     "pinned_x": "pinned_x",
     "write_eff": "write_eff",
     "snapshot_eff": "snapshot_eff",
+    "x_best_baseline_stall": "x_base_stall",
+    "x_best_baseline_durable": "x_base_durable",
 }
 
 
@@ -41,6 +43,8 @@ def table(run: runs.Run) -> pd.DataFrame:
             "restore_GBps": 2,
             "cache_x": 2,
             "pinned_x": 2,
+            "x_base_stall": 2,
+            "x_base_durable": 2,
         }
     )
     if t["write_eff"].notna().any():

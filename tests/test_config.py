@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import ENGINES
 
 from bench import config
 from bench.errors import UserError
@@ -42,7 +43,8 @@ def test_shipped_configs_load_and_resolve(name: str) -> None:
     assert cfg.name == name
     r = config.resolved(cfg)
     json.dumps(r)  # stored in env.json as it is
-    assert r["engines"] == ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]
+    assert r["engines"][:5] == ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]
+    assert set(r["engines"]) <= set(ENGINES)
     assert set(r["engine_options"]) == set(cfg.engines)
     assert all(os.path.isabs(t) for t in r["targets"])
     assert len(r["targets"]) >= max(cfg.ssd_counts)
@@ -56,9 +58,11 @@ def test_shipped_configs_load_and_resolve(name: str) -> None:
 def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # default targets are relative to the working directory
     default = config.load("configs/default.yaml")
-    assert default.total_sizes == [2**30]
-    assert default.tensor_sizes == [4 * 2**20, 256 * 2**20]
+    assert default.total_sizes == [256 * 2**20]
+    # a curve from optimizer-state to weight-shard sizes, every engine, two SSD counts
+    assert default.tensor_sizes == [2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20]
     assert default.ssd_counts == [1, 4]
+    assert sorted(default.engines) == sorted(ENGINES)
     assert default.resolved_targets() == [
         str(REPO / "scratch" / "bench" / f"target-{i}") for i in range(4)
     ]
@@ -110,7 +114,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             {"engines": ["cpu-single", "nvme-magic"]},
             "engines.1: unknown engine 'nvme-magic' (known: gds, cpu-single, cpu-double, "
-            "torch-save, dcp)",
+            "torch-save, dcp, safetensors, fastpersist)",
         ),
         (
             {"engines": ["cpu-single", "gds", "cpu-single"]},
@@ -120,7 +124,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single.chunkbytes: unknown key (known: chunk_bytes, "
             "threads_per_target, checksums, device, staging_chunks, copy_threads, fallocate, "
-            "max_write_bw)",
+            "max_write_bw, overlap, overlap_writes)",
         ),
         (
             {"engine_options": {"torch-save": {"threads": 2}}},

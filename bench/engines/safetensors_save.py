@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import time
 from typing import Any
 
@@ -75,10 +76,19 @@ class Safetensors(BaselineEngine):
         return pending
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
-        from safetensors import safe_open
+        """Read the whole file and build the tensors from it, as torch.load does: safe_open would
+        map the file and leave the reading to whoever touches the tensors later, outside the
+        timed restore."""
+        import torch
+        from safetensors.torch import load
 
-        path = os.path.join(self.current_dir(name), FILE)
-        with safe_open(path, framework="pt", device=device) as f:
-            tree = json.loads(f.metadata()[TREE_KEY])
-            tensors = [f.get_tensor(f"t{i}") for i in range(len(list(f.keys())))]
+        with open(os.path.join(self.current_dir(name), FILE), "rb") as f:
+            data = f.read()
+        (n,) = struct.unpack("<Q", data[:8])
+        tree = json.loads(json.loads(data[8 : 8 + n])["__metadata__"][TREE_KEY])
+        flat = load(data)
+        del data
+        tensors = [flat[f"t{i}"] for i in range(len(flat))]
+        if torch.device(device).type != "cpu":
+            tensors = [t.to(device) for t in tensors]
         return unflatten(tree, tensors)

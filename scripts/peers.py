@@ -1,0 +1,179 @@
+"""The single-copy path against the libraries users would otherwise pick, and against the disk
+itself, in one alternating run (`make peers`).
+
+Every method saves the same state (random bytes, 64 MiB tensors) into one target, one after the
+other, repetition by repetition: the page cache dropped before every save (when root), every save
+durable (fsync) and restored and compared byte for byte afterwards, untimed. Beside them fio
+writes the same number of bytes with O_DIRECT (libaio, queue depth 16, 8 MiB blocks, end_fsync)
+into a preallocated file: what the disk does. The table gives stall and time to durability
+(min-max over the repetitions) and the median bandwidth to durability; the raw rows go to
+results/peers-<stamp>/peers.csv with env.json.
+
+    .venv/bin/python scripts/peers.py [--size 1GiB] [--reps 5] [--target DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from bench import ceiling, devices, engines, env, measure, results, sizes
+from bench.verify import first_difference, first_tensor_difference
+from bench.workloads import synthetic_state
+
+METHODS: list[tuple[str, str, dict[str, Any]]] = [
+    ("cpu-single", "cpu-single (ckptbench defaults)", {}),
+    ("cpu-single", "cpu-single, no overlap", {"overlap": False}),
+    ("safetensors", "safetensors save_file + fsync", {}),
+    ("fastpersist", "DeepSpeed FastPersist (FastFileWriter)", {}),
+    ("dcp", "DCP async_save, cached staging", {}),
+    ("torch-save", "torch.save + fsync", {}),
+]
+
+
+def fio_disk(target: str, nbytes: int) -> float:
+    """Seconds fio takes to write `nbytes` with O_DIRECT, libaio qd16, 8 MiB blocks, end_fsync,
+    into a preallocated file."""
+    path = os.path.join(target, ".ckptbench-peers-fio")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
+    try:
+        out = subprocess.run(
+            [
+                "fio",
+                "--output-format=json",
+                "--name=disk",
+                f"--filename={path}",
+                f"--size={nbytes}",
+                "--rw=write",
+                "--bs=8m",
+                "--direct=1",
+                "--ioengine=libaio",
+                "--iodepth=16",
+                "--end_fsync=1",
+                "--fallocate=none",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["write"]
+        return float(w["runtime"]) / 1e3
+    finally:
+        os.unlink(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--tensor", default="64MiB")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--target", default="scratch/peers")
+    ap.add_argument("-o", "--output", default="results")
+    a = ap.parse_args()
+    size = sizes.parse_size(a.size, "--size")
+    os.makedirs(a.target, exist_ok=True)
+    dev = devices.detect("auto")
+    state = synthetic_state(size, sizes.parse_size(a.tensor, "--tensor"), device=dev.torch_device)
+    made = []
+    for name, label, opts in METHODS:
+        why = engines.unavailable(name, opts)
+        if why:
+            print(f"skipped {label}: {why}", file=sys.stderr)
+            continue
+        eng = engines.create(name, [a.target], **opts)
+        eng.warm(state)
+        made.append((name, label, eng))
+    has_fio = ceiling.fio_version() is not None
+    copy = ceiling.copy_bandwidth(size, dev, threads=min(os.cpu_count() or 1, 8))
+    run_id, run_dir = results.new_run_dir(a.output, "peers")
+    rows: list[dict[str, Any]] = []
+    for rep in range(a.reps):
+        for name, label, eng in made:
+            measure.drop_page_cache()
+            res = eng.save(state, f"peers-{rep}").wait()
+            loaded = eng.load(f"peers-{rep}", device=str(dev.torch_device))
+            diff = (first_tensor_difference if eng.traits.loose_keys else first_difference)(
+                state, loaded
+            )
+            del loaded
+            eng.delete(f"peers-{rep}")
+            rows.append(
+                {
+                    "rep": rep,
+                    "method": label,
+                    "engine": name,
+                    "stall_s": res.stall_s,
+                    "durable_s": res.total_s,
+                    "verified": diff is None,
+                }
+            )
+            print(
+                f"rep {rep} {label}: stall {res.stall_s:.3f} s, durable {res.total_s:.3f} s"
+                + ("" if diff is None else f", DIFFERS at {diff}"),
+                file=sys.stderr,
+            )
+        if has_fio:
+            measure.drop_page_cache()
+            t = fio_disk(a.target, size)
+            rows.append(
+                {
+                    "rep": rep,
+                    "method": "fio O_DIRECT libaio qd16 bs 8m end_fsync",
+                    "engine": "fio",
+                    "stall_s": "",
+                    "durable_s": t,
+                    "verified": True,
+                }
+            )
+    for _, _, eng in made:
+        eng.close()
+    with open(os.path.join(run_dir, "peers.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    envb = env.collect([os.path.abspath(a.target)])
+    envb.update(
+        device={"kind": dev.kind, "emulated": dev.emulated}, copy_ceiling=copy, size_bytes=size
+    )
+    results.write_json(os.path.join(run_dir, "env.json"), envb)
+    print(
+        f"\n{sizes.format_size(size)} of {a.tensor} tensors, one target, {a.reps} alternating "
+        f"repetitions ({dev.kind}); copy ceiling {copy['copy_Bps'] / 1e9:.2f} GB/s "
+        f"({copy['copy_threads']} threads)"
+    )
+    print("| method | stall s | durable s | median GB/s to durability |")
+    print("|---|---|---|---|")
+    med: dict[str, float] = {}
+    for label in dict.fromkeys(r["method"] for r in rows):
+        rs = [r for r in rows if r["method"] == label]
+        d = [float(r["durable_s"]) for r in rs]
+        st = [float(r["stall_s"]) for r in rs if r["stall_s"] != ""]
+        med[label] = statistics.median(d)
+        stall = f"{min(st):.3f}-{max(st):.3f}" if st and max(st) < 0.9 * min(d) else "= durable"
+        if not st:
+            stall = ""
+        print(f"| {label} | {stall} | {min(d):.2f}-{max(d):.2f} | {size / med[label] / 1e9:.2f} |")
+    fio = med.get("fio O_DIRECT libaio qd16 bs 8m end_fsync")
+    ours = med.get("cpu-single (ckptbench defaults)")
+    if fio and ours:
+        print(
+            f"\ncpu-single end to end: {fio / ours:.2f} x fio's median; stall median "
+            f"{statistics.median(float(r['stall_s']) for r in rows if r['method'].startswith('cpu-single (')) * copy['copy_Bps'] / size:.2f} x the copy ceiling"
+        )
+    print(f"rows: {run_dir}/peers.csv")
+    return 0 if all(r["verified"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
