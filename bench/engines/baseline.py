@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from typing import Any
 
 from bench import generations, manifest
@@ -74,6 +75,36 @@ class BaselineEngine:
         if previous and previous != save_id:
             old = generations.generation_files(self.targets[:1], name, previous)
         generations.remove_files(old + [os.path.join(d, f".saving-{save_id}")])
+
+    def _sync_save(
+        self, state: Any, name: str, write: Any, extra: dict[str, Any] | None = None
+    ) -> Any:
+        """A synchronous save: `write(gen_dir)` writes and fsyncs the library's files into a new
+        generation directory, committed atomically after; the stall is the whole durable write."""
+        from bench.engines.base import PendingSave, SaveResult
+        from bench.tree import flatten
+
+        t0 = time.perf_counter_ns()
+        _, tensors = flatten(state)
+        result = SaveResult(
+            name=name,
+            bytes=sum(t.numel() * t.element_size() for _, t in tensors),
+            targets_used=1,
+            extra=extra or {},
+        )
+        result.save_id = manifest.new_save_id()
+        gen = self._begin(name, result.save_id)
+        try:
+            write(gen)
+            self._commit(name, result.save_id)
+        except BaseException:
+            self._abort(name, result.save_id)
+            raise
+        result.pinned_bytes = self.pinned_bytes
+        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
+        pending = PendingSave(result, t0)
+        pending.finish_now()
+        return pending
 
     def _abort(self, name: str, save_id: str) -> None:
         generations.remove_files(generations.generation_files(self.targets[:1], name, save_id))

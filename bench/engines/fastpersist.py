@@ -19,14 +19,11 @@ accelerator-independent UtilsBuilder (deepspeed.ops.op_builder.utils), and every
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-from bench import manifest
-from bench.engines.base import PendingSave, SaveResult
+from bench.engines.base import PendingSave
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
-from bench.tree import flatten
 
 FILE = "state.pt"
 HOW_TO = (
@@ -118,24 +115,9 @@ class FastPersist(BaselineEngine):
         import torch
         from deepspeed.io import FastFileWriter, FastFileWriterConfig
 
-        t0 = time.perf_counter_ns()
-        self._setup()
-        _, tensors = flatten(state)
-        result = SaveResult(
-            name=name,
-            bytes=sum(t.numel() * t.element_size() for _, t in tensors),
-            targets_used=1,
-            extra={
-                "block_bytes": self.options.block_bytes,
-                "queue_depth": self.options.queue_depth,
-                "threads": self.options.threads,
-                "buffer_bytes": self.options.buffer_bytes,
-                **({"workaround": self._workaround} if self._workaround else {}),
-            },
-        )
-        result.save_id = manifest.new_save_id()
-        gen = self._begin(name, result.save_id)
-        try:
+        self._setup()  # done by warm() in a sweep
+
+        def write(gen: str) -> None:
             cfg = FastFileWriterConfig(
                 dnvme_handle=self._handle,
                 pinned_tensor=self._buffer,
@@ -147,15 +129,16 @@ class FastPersist(BaselineEngine):
             writer = FastFileWriter(os.path.join(gen, FILE), cfg)  # a fresh file: no O_TRUNC
             torch.save(state, writer)
             writer.close()  # drains the buffer and fsyncs the file
-            self._commit(name, result.save_id)
-        except BaseException:
-            self._abort(name, result.save_id)
-            raise
-        result.pinned_bytes = self.pinned_bytes
-        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
-        pending = PendingSave(result, t0)
-        pending.finish_now()
-        return pending
+
+        o = self.options
+        extra = {
+            "block_bytes": o.block_bytes,
+            "queue_depth": o.queue_depth,
+            "threads": o.threads,
+            "buffer_bytes": o.buffer_bytes,
+            **({"workaround": self._workaround} if self._workaround else {}),
+        }
+        return self._sync_save(state, name, write, extra)
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
         import torch

@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-import time
 from typing import Any
 
-from bench import manifest
-from bench.engines.base import PendingSave, SaveResult
+from bench.engines.base import PendingSave
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
 from bench.tree import flatten, unflatten
@@ -48,32 +46,18 @@ class Safetensors(BaselineEngine):
     def save(self, state: Any, name: str) -> PendingSave:
         from safetensors.torch import save_file
 
-        t0 = time.perf_counter_ns()
-        tree, tensors = flatten(state)
-        flat = {f"t{i}": t.detach().contiguous() for i, (_, t) in enumerate(tensors)}
-        result = SaveResult(
-            name=name,
-            bytes=sum(t.numel() * t.element_size() for t in flat.values()),
-            targets_used=1,
-        )
-        result.save_id = manifest.new_save_id()
-        gen = self._begin(name, result.save_id)
-        path = os.path.join(gen, FILE)
-        try:
+        def write(gen: str) -> None:
+            tree, tensors = flatten(state)
+            flat = {f"t{i}": t.detach().contiguous() for i, (_, t) in enumerate(tensors)}
+            path = os.path.join(gen, FILE)
             save_file(flat, path, metadata={TREE_KEY: json.dumps(tree)})
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self._commit(name, result.save_id)
-        except BaseException:
-            self._abort(name, result.save_id)
-            raise
-        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
-        pending = PendingSave(result, t0)
-        pending.finish_now()
-        return pending
+
+        return self._sync_save(state, name, write)
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
         """Read the whole file and build the tensors from it, as torch.load does: safe_open would

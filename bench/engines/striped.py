@@ -161,9 +161,26 @@ class StripedEngine:
         futures: list[Future] = []
         try:
             futures = [self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces]
+        except BaseException:
+            self._close(fds, futures)
+            raise
+        self._hash_and_drain(result, tree, entries, fds, futures, file_bytes, hash_views)
+
+    def _hash_and_drain(
+        self,
+        result: SaveResult,
+        tree: Any,
+        entries: list[manifest.TensorEntry],
+        fds: dict[int, int],
+        futures: list[Future],
+        file_bytes: dict[int, int],
+        views: list[Any],
+    ) -> None:
+        """While the writes run: the checksums (`hash_s`); then wait, fsync and commit."""
+        try:
             if self.options.checksums:
                 h0 = _now()
-                for e, view in zip(entries, hash_views, strict=True):
+                for e, view in zip(entries, views, strict=True):
                     self._hash(e, view)
                 result.hash_s = (_now() - h0) / 1e9
         except BaseException:
@@ -524,21 +541,13 @@ class SnapshotEngine(StripedEngine):
         result.extra = {"overlap": True, **(self.staging.describe() if self.device.is_cuda else {})}
         views = [arr[off : off + e.nbytes] for e, off in zip(entries, offsets, strict=True)]
 
-        def persist() -> None:
-            fds = fds_f.result()
-            futures = [f for f in writes if f is not None]
-            try:
-                if self.options.checksums:
-                    h0 = _now()
-                    for e, view in zip(entries, views, strict=True):
-                        self._hash(e, view)
-                    result.hash_s = (_now() - h0) / 1e9
-            except BaseException:
-                self._close(fds, futures)
-                raise
-            self._drain(result, tree, entries, fds, futures, file_bytes)
-
-        self._in_background(pending, persist)
+        futures = [f for f in writes if f is not None]
+        self._in_background(
+            pending,
+            lambda: self._hash_and_drain(
+                result, tree, entries, fds_f.result(), futures, file_bytes, views
+            ),
+        )
 
     def _save_ring(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
         """Bounded staging: a ring of K chunk buffers. Each chunk of the packed stream is copied

@@ -8,13 +8,11 @@ stall is the whole durable write.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import torch
 
-from bench import manifest
-from bench.engines.base import PendingSave, SaveResult
+from bench.engines.base import PendingSave
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
 from bench.tree import flatten
@@ -37,23 +35,13 @@ class TorchSave(BaselineEngine):
     )
 
     def save(self, state: Any, name: str) -> PendingSave:
-        t0 = time.perf_counter_ns()
-        result = SaveResult(name=name, bytes=_tensor_bytes(state), targets_used=1)
-        result.save_id = manifest.new_save_id()
-        gen = self._begin(name, result.save_id)
-        try:
+        def write(gen: str) -> None:
             with open(os.path.join(gen, FILE), "wb") as f:
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
-            self._commit(name, result.save_id)
-        except BaseException:
-            self._abort(name, result.save_id)
-            raise
-        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
-        pending = PendingSave(result, t0)
-        pending.finish_now()
-        return pending
+
+        return self._sync_save(state, name, write)
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
         return torch.load(
