@@ -435,3 +435,33 @@ def test_preflight_no_space(
     t = small["targets"][0]
     assert str(e.value) == f"target {t}: 10MiB free, but a 8MiB checkpoint needs 72.4MiB here"
     assert not (scratch / "results").exists()
+
+
+def test_a_run_without_verification_reports(scratch: Path) -> None:
+    """`verify: false` never compares restores: its rows are not 'unverified', so the terminal
+    summary and `ckptbench report` (the same code) both show them."""
+    from analysis import report, runs
+
+    targets = make_targets(scratch, 1)
+    raw = {
+        "name": "noverify",
+        "engines": ["cpu-single", "torch-save"],
+        "total_sizes": ["4MiB"],
+        "tensor_sizes": ["1MiB"],
+        "targets": targets,
+        "repetitions": 2,
+        "warmups": 0,
+        "verify": False,
+        "ceilings": {"enabled": False},
+    }
+    r = Sweep(
+        config.from_dict(raw), devices.detect("host-emulated"), str(scratch / "res"), quiet=True
+    )
+    run_dir = r.run()
+    _, rows = read_csv(run_dir)
+    assert len(rows) == 4 and all(x["verified"] == "False" and x["error"] == "" for x in rows)
+    assert r.failures == 0
+    run = runs.load(run_dir)
+    assert len(run.ok) == 4 and "not verified" not in {k for k, v in run.excluded.items() if v}
+    rep = report.build(run_dir, str(scratch / "rep"))
+    assert "torch-save" in rep.summary_text and "cpu-single" in rep.summary_text
