@@ -42,7 +42,7 @@ from bench.devices import Device
 from bench.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
 
 DIRECT_SEARCH = [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]  # (writers per target, depth)
-BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]
+BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]  # the defaults of bench.config.CeilingSpec
 COPY_REPS = 5
 
 
@@ -324,11 +324,13 @@ def measure(
     copy_threads: int = 1,
     tensor_bytes: int = 64 << 20,
     configs: dict[str, Any] | None = None,
+    direct_search: list[tuple[int, int]] | None = None,
+    buffered_jobs: list[int] | None = None,
 ) -> dict[str, Any]:
     """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H);
     serialisation. `drop` (if given) is called before each storage measurement to empty the
     page cache. `configs` (from an earlier `measure`) skips the search: {"N": {mode: {jobs,
-    iodepth}}}."""
+    iodepth}}}. `direct_search` (jobs, depth) and `buffered_jobs` replace the default grids."""
     version = fio_version() if use_fio else None
     write = fio_write if version else builtin_write
     per_n: dict[str, dict[str, Any]] = {}
@@ -336,7 +338,11 @@ def measure(
     for n in sorted(set(ssd_counts)):
         share = max(block, -(-total // n) // block * block)
         row: dict[str, Any] = {"file_bytes": share}
-        for direct, search in ((True, DIRECT_SEARCH), (False, BUFFERED_SEARCH)):
+        grids = (
+            (True, [tuple(c) for c in direct_search] if direct_search else DIRECT_SEARCH),
+            (False, [(j, 1) for j in buffered_jobs] if buffered_jobs else BUFFERED_SEARCH),
+        )
+        for direct, search in grids:
             mode = "direct_write" if direct else "buffered_write"
             chosen = (configs or {}).get(str(n), {}).get(mode)
             todo = [(chosen["jobs"], chosen["iodepth"])] if chosen else search

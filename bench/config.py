@@ -18,6 +18,7 @@ from bench.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validate
 from bench.workloads.presets import PRESETS
 
 Mapping = Literal["shared", "dedicated", "per_target"]
+JobsDepth = Annotated[list[PosInt], Field(min_length=2, max_length=2)]  # [writers, queue depth]
 
 
 class ModelSpec(Strict):
@@ -49,6 +50,13 @@ class CeilingSpec(Strict):
     # The storage probes write at least this much in all (steady state, not a burst).
     min_bytes: Size = 1 << 30
     after: bool = True  # measure the storage ceilings again after the sweep (disks drift)
+    # The search for the O_DIRECT ceiling: (writers per target, queue depth) pairs, each run once;
+    # the best is then run `repetitions` times. Buffered + fsync: the writer counts searched.
+    # One entry each skips the search (a quick look, or a test).
+    direct_search: Annotated[list[JobsDepth], Field(min_length=1)] = [
+        [j, q] for j in (1, 2, 4) for q in (8, 16, 32)
+    ]
+    buffered_jobs: Annotated[list[PosInt], Field(min_length=1)] = [1, 2, 4]
 
 
 class RanksSpec(Strict):

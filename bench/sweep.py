@@ -281,6 +281,8 @@ class Sweep:
                 copy_threads=threads,
                 tensor_bytes=tensor,
                 configs=ceiling.chosen_configs(again) if again else None,
+                direct_search=list(spec.direct_search),
+                buffered_jobs=list(spec.buffered_jobs),
             )
             if drop:
                 drop()

@@ -122,6 +122,27 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
         assert row["direct_write_config"] == out["per_ssd_count"][n]["direct_write_config"]
 
 
+def test_a_given_grid_is_searched_instead_of_the_default(scratch: Path) -> None:
+    out = ceiling.measure(
+        _dirs(scratch, 1),
+        [1],
+        8 * MiB,
+        MiB,
+        devices.detect("host-emulated"),
+        use_fio=False,
+        repetitions=1,
+        min_bytes=8 * MiB,
+        direct_search=[(1, 2), (2, 1)],
+        buffered_jobs=[2],
+    )
+    row = out["per_ssd_count"]["1"]
+    tried = [(t["jobs"], t["iodepth"]) for t in row["direct_write_search"]]
+    assert tried == [(1, 2), (2, 1)]
+    # one buffered configuration: run, not searched
+    assert "buffered_write_search" not in row
+    assert row["buffered_write_config"] == {"jobs": 2, "iodepth": 1}
+
+
 def test_drift_between_before_and_after_is_said() -> None:
     before = {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}}}
     after = {"per_ssd_count": {"1": {"direct_write_Bps": 1e9, "buffered_write_Bps": 1.1e9}}}

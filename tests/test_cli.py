@@ -47,7 +47,9 @@ def write_config(scratch: Path, **changes: object) -> Path:
         "ceilings": {
             "min_bytes": "8MiB",
             "repetitions": 1,
-        },  # small probes: a test, not a ceiling study
+            "direct_search": [[2, 8]],
+            "buffered_jobs": [1],
+        },  # small probes, no search: a test, not a ceiling study
         **changes,
     }
     path = scratch / "tiny.yaml"

@@ -41,7 +41,9 @@ def _write_config(path: Path, **over: object) -> Path:
         "ceilings": {
             "min_bytes": "8MiB",
             "repetitions": 1,
-        },  # small probes: a test, not a ceiling study
+            "direct_search": [[2, 8]],
+            "buffered_jobs": [1],
+        },  # small probes, no search: a test, not a ceiling study
         "scratch": str(path.parent / "tg"),
         "engine_options": {e: {"chunk_bytes": "1MiB"} for e in ("cpu-single", "cpu-double", "gds")},
     }

@@ -54,7 +54,9 @@ def tiny_raw(targets: list[str]) -> dict[str, Any]:
         "ceilings": {
             "min_bytes": "8MiB",
             "repetitions": 1,
-        },  # small probes: a test, not a ceiling study
+            "direct_search": [[2, 8]],
+            "buffered_jobs": [1],
+        },  # small probes, no search: a test, not a ceiling study
         "engine_options": {e: {"chunk_bytes": CHUNK[e]} for e in STRIPED},
     }
 
@@ -238,7 +240,9 @@ def test_cpu_single_bypasses_the_page_cache(scratch: Path, monkeypatch: pytest.M
         "ceilings": {
             "min_bytes": "8MiB",
             "repetitions": 1,
-        },  # small probes: a test, not a ceiling study
+            "direct_search": [[2, 8]],
+            "buffered_jobs": [1],
+        },  # small probes, no search: a test, not a ceiling study
         "engine_options": {"cpu-single": {"checksums": True}, "cpu-double": {"checksums": True}},
     }
     r = Sweep(
@@ -278,7 +282,9 @@ def small(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "ceilings": {
             "min_bytes": "8MiB",
             "repetitions": 1,
-        },  # small probes: a test, not a ceiling study
+            "direct_search": [[2, 8]],
+            "buffered_jobs": [1],
+        },  # small probes, no search: a test, not a ceiling study
     }
 
 
