@@ -442,8 +442,6 @@ def from_run(run: Any) -> Profile:
     d2h = float(np.mean([v for v in (typical(c, "d2h"), typical(after, "d2h")) if v] or [copy]))
     ser = [v for v in (typical(c, "serialize"), typical(after, "serialize")) if v]
     n_min, w_min = direct[0]
-    copy = float(c["copy_Bps"])
-    d2h = float(c.get("d2h_Bps") or copy)
     emu = " (host-emulated: a host memory copy)" if run.emulated else ""
     threads = c.get("copy_threads", 1)
     sources = {
@@ -451,10 +449,11 @@ def from_run(run: Any) -> Profile:
             tag,
             f"env.json ceilings of run {rid}: "
             + (
-                "d2h_Bps"
+                "d2h_runs"
                 if c.get("d2h_Bps")
-                else f"copy_Bps{emu}, {threads} threads as the snapshot"
-            ),
+                else f"copy_runs{emu}, {threads} threads as the snapshot"
+            )
+            + ", the median of before and after the sweep",
         ),
         "ssd_write_GBps": (
             tag,
@@ -463,7 +462,7 @@ def from_run(run: Any) -> Profile:
         ),
         "ssds_per_gpu": (tag, "distinct devices under the run's targets (env.json storage)"),
         "gpus_sharing_host": ("assumed", "one process checkpoints at a time"),
-        "host_copy_GBps": (tag, f"env.json ceilings.copy_Bps of run {rid}"),
+        "host_copy_GBps": (tag, f"env.json ceilings.copy_runs of run {rid} (median)"),
         "checkpoint_size": (tag, "the largest checkpoint of the run"),
     }
     n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)

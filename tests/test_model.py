@@ -244,6 +244,28 @@ def test_from_run_prefers_env_ceilings() -> None:
     assert "ceilings" in p.sources["d2h_GBps"][1]
 
 
+def test_from_run_predicts_with_the_typical_ceiling_runs_not_the_best() -> None:
+    """The model predicts medians: the copy and write rates are the medians of the ceiling runs
+    (before and after the sweep, averaged), not the best run the efficiencies are judged by."""
+    run = runs.load(str(DEFAULT))
+
+    def ceil(copy: list[float], direct: list[float]) -> dict:
+        one = {"direct_write_Bps": max(direct), "direct_write_runs": direct}
+        one |= {"buffered_write_Bps": 1e9, "buffered_write_runs": [1e9]}
+        return {"copy_Bps": max(copy), "copy_runs": copy, "per_ssd_count": {"1": one}}
+
+    env = dict(
+        run.env,
+        ceilings=ceil([9e9, 8e9, 4e9], [1e9, 0.5e9, 0.6e9]),
+        ceilings_after=ceil([6e9, 10e9, 7e9], [0.4e9, 0.4e9, 0.9e9]),
+    )
+    p = model.from_run(dataclasses.replace(run, env=env))
+    assert p.host_copy_Bps == pytest.approx((8e9 + 7e9) / 2)
+    assert p.d2h_Bps == pytest.approx((8e9 + 7e9) / 2)  # host-emulated: the copy
+    assert p.ssd_write_Bps == pytest.approx((0.6e9 + 0.4e9) / 2)
+    assert "median" in p.sources["host_copy_GBps"][1]
+
+
 def test_cli_model_prints_the_feasibility_table(capsys: pytest.CaptureFixture[str]) -> None:
     """One answer: the headline, the ratio row and the per-engine table all come from predict
     with the host's 8 GPUs at once (d = min(52.77, 100 / 8) = 12.5 GB/s)."""
