@@ -175,11 +175,15 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
         scratch / "c.yaml", total_sizes=["32MiB"], tensor_sizes=["1MiB", "4MiB"], repetitions=3
     )
     out = scratch / "results"
+    # As a terminal would start it: SIGINT at its default disposition. A test run started in
+    # the background of a non-interactive shell (nohup ... &) ignores SIGINT, its children
+    # inherit that, and Python then installs no KeyboardInterrupt handler at all.
     p = subprocess.Popen(
         [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "-o", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     csv = None
     deadline = time.monotonic() + 60
@@ -192,7 +196,7 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
     assert csv is not None, "the run recorded no rows in 60 s"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130
+    assert p.returncode == 130, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err
     assert f"--resume {csv.parent}" in lines[0]
