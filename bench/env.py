@@ -206,7 +206,18 @@ def vm_info() -> dict[str, Any]:
     root = "/sys/bus/virtio/drivers/virtio_balloon"
     if os.path.isdir(root):
         balloon = any(e.startswith("virtio") for e in os.listdir(root))
-    return {"hypervisor": hypervisor, "memory_balloon": balloon}
+    return {"hypervisor": hypervisor, "memory_balloon": balloon, "thp": thp_mode()}
+
+
+def thp_mode() -> str | None:
+    """The transparent huge page mode (always, madvise or never): the staging buffers ask for
+    huge pages, which they get unless it is `never`."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else text.strip()
 
 
 def collect(targets: list[str]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ COPY = "copy ceiling (warm buffer, best of 5)"
 OURS = "cpu-single (ckptbench defaults)"
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("cpu-single", OURS, {}),
-    ("cpu-single", "cpu-single, no overlap", {"overlap": False}),
+    ("cpu-single", "cpu-single, overlap forced on", {"overlap": True}),
     ("safetensors", "safetensors save_file + fsync", {}),
     ("fastpersist", "DeepSpeed FastPersist (FastFileWriter)", {}),
     ("dcp", "DCP async_save, cached staging", {}),

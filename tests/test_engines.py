@@ -387,6 +387,42 @@ def test_parallel_snapshot_is_complete_when_save_returns(
     assert_same(eng.load("ckpt"), want)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_overlapped_and_serial_snapshots_round_trip(make_engine, targets, engine, overlap):
+    """Both ways to persist a snapshot, whichever `auto` picks on this host: chunks written
+    as they land in staging (overlap), or after the whole copy; strided, empty and chunk-
+    straddling tensors over 3 targets, zeroed as soon as save() returns."""
+    base = random_tensor((64, 96), torch.float32, seed=3)
+    state = {
+        "big": random_tensor((3 * MiB + 4097,), torch.uint8, seed=1),
+        "transposed": base.t(),
+        "empty": torch.empty(0),
+        "small": [random_tensor((1000 + i,), torch.float32, seed=50 + i) for i in range(40)],
+        "tail": random_tensor((8191,), torch.int16, seed=2),
+    }
+    want = clone_tree(state)
+    eng = make_engine(engine, targets(3), overlap=overlap, chunk_bytes="64KiB", copy_threads=2)
+    assert eng.overlap is overlap
+    pending = eng.save(state, "ckpt")
+    for t in [state["big"], base, *state["small"], state["tail"]]:
+        t.zero_()
+    result = pending.wait()
+    assert result.extra["overlap"] is overlap
+    assert_same(eng.load("ckpt"), want)
+
+
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_overlap_auto_leaves_the_copy_its_cores(make_engine, targets, engine, monkeypatch):
+    """auto: overlapped only when the copy threads leave a CPU for the writes (host copies)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert make_engine(engine, targets(1), overlap="auto", copy_threads=4).overlap is False
+    assert make_engine(engine, targets(1), overlap="auto", copy_threads=3).overlap is True
+    assert make_engine(engine, targets(1), overlap="auto", copy_threads=0).overlap is False
+    # the defaults: cpu-single decides by the cores, cpu-double keeps its buffered writes apart
+    assert make_engine(engine, targets(1), copy_threads=1).overlap is (engine == "cpu-single")
+
+
 @pytest.mark.parametrize("engine", SNAPSHOT)
 def test_snapshot_engines_stall_ends_at_the_snapshot(make_engine, targets, engine):
     state = {"w": random_tensor((256, 1024), torch.float32, seed=9), "b": torch.arange(999)}
@@ -572,3 +608,38 @@ def test_status_of_saved_and_unknown_names(make_engine, targets, engine):
     eng.save({"w": random_tensor((5000,), torch.float32, seed=22)}, "ckpt").wait()
     assert eng.status("ckpt") == "complete"
     assert eng.status("other") == "absent"
+
+
+def _smaps_field(address: int, field: str) -> str | None:
+    """`field` of the mapping of this process that contains `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def test_staging_buffers_ask_for_huge_pages():
+    """Staging and ceiling buffers of 2 MiB and more are advised to use transparent huge pages
+    (granted unless the system's THP mode is `never`); smaller ones are left alone."""
+    from bench import env, odirect
+
+    mode = env.thp_mode()
+    if mode is None or not os.path.exists("/proc/self/smaps"):
+        pytest.skip("no transparent huge page support to check here")
+    big, small = odirect.HostBuffer(8 * MiB), odirect.HostBuffer(64 * 1024)
+    try:
+        eligible = _smaps_field(big.address, "THPeligible")
+        if eligible is None:
+            pytest.skip("this kernel's smaps has no THPeligible field")
+        assert eligible == ("0" if mode == "never" else "1")
+        if mode == "madvise":  # only the advised mapping may get huge pages
+            assert _smaps_field(small.address, "THPeligible") == "0"
+    finally:
+        big.close()
+        small.close()

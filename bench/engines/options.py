@@ -42,7 +42,11 @@ class StripedOptions(Strict):
     max_write_bw: Rate | list[Rate | None] | None = None
     # CPU paths: write each chunk as soon as it is in staging, while later chunks are still being
     # copied, so that persisting overlaps the snapshot (the stall still ends at the last byte).
-    overlap: bool = True
+    # auto: on where the writes do not take cores from the copy, i.e. the snapshot is a
+    # device-to-host DMA (CUDA), or the copy threads leave a core free; off where the copy
+    # threads hold every core (there a write beside the copy stretched the stall by 20-60 %
+    # for no gain in time to durability, bench/PERF.md).
+    overlap: bool | Literal["auto"] = "auto"
     # With overlap: writes in flight while the snapshot still runs (0: no limit).
     overlap_writes: NonNeg = 1
 
@@ -58,7 +62,7 @@ class DoubleOptions(StripedOptions):
     """cpu-double: overlapping its buffered writes with the snapshot competes with the snapshot
     for memory bandwidth (the writes copy into the page cache), so it is off by default."""
 
-    overlap: bool = False
+    overlap: bool | Literal["auto"] = False
 
 
 class GdsOptions(StripedOptions):

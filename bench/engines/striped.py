@@ -71,6 +71,7 @@ class StripedEngine:
             else None
         )
         self._pending: PendingSave | None = None
+        self.overlap = self._resolve_overlap(n_copy)
         caps = self.options.max_write_bw
         if isinstance(caps, list | tuple) and len(caps) != len(self.targets):
             raise UserError(
@@ -84,6 +85,14 @@ class StripedEngine:
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         return None
+
+    def _resolve_overlap(self, n_copy: int) -> bool:
+        """`overlap: auto`: on when the snapshot is a DMA (CUDA) or the copy threads leave a
+        CPU free for the writes; off when they hold every CPU (see StripedOptions.overlap)."""
+        opt = getattr(self.options, "overlap", False)
+        if opt != "auto":
+            return bool(opt)
+        return self.device.is_cuda or n_copy < (os.cpu_count() or 1)
 
     # -- save -------------------------------------------------------------------------------
 
@@ -376,7 +385,7 @@ class SnapshotEngine(StripedEngine):
         if self.options.staging_chunks:
             self._save_ring(pending, tree, tensors, entries)
             return
-        if self.options.overlap:
+        if self.overlap:
             self._save_overlapped(pending, tree, tensors, entries)
             return
         result = pending.result
@@ -406,8 +415,10 @@ class SnapshotEngine(StripedEngine):
         self.device.synchronize()
         result.pinned_bytes = self.staging.pinned_bytes
         result.stall_s = (_now() - pending.t0_ns) / 1e9
-        if self.device.is_cuda:
-            result.extra = self.staging.describe()
+        result.extra = {
+            "overlap": False,
+            **(self.staging.describe() if self.device.is_cuda else {}),
+        }
         arr = self.staging.array
         pieces, file_bytes = layout.packed(
             arr, used, entries, offsets, len(self.targets), self.options.chunk_bytes
