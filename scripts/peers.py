@@ -188,10 +188,12 @@ def main() -> int:
     if fio and ours:
         # Each rep's stall over the same rep's copy ceiling, then the median of those ratios.
         stalls = [float(r["stall_s"]) for r in rows if r["method"] == OURS]
-        ratio = statistics.median(s / c for s, c in zip(stalls, copy_s, strict=True))
+        ratios = [s / c for s, c in zip(stalls, copy_s, strict=True)]
+        of_medians = statistics.median(stalls) / statistics.median(copy_s)
         print(
             f"\ncpu-single end to end: {fio / ours:.2f} x fio's median; stall: median "
-            f"{ratio:.2f} x its repetition's copy ceiling"
+            f"{statistics.median(ratios):.2f} x its repetition's copy ceiling "
+            f"({min(ratios):.2f}-{max(ratios):.2f}; the ratio of the medians: {of_medians:.2f})"
         )
     print(f"rows: {run_dir}/peers.csv")
     return 0 if all(r["verified"] for r in rows) else 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import ceiling, devices, odirect, rows
+from bench import ceiling, config, devices, odirect, rows
 
 MiB = 1 << 20
 WRITERS = [ceiling.builtin_write] + ([ceiling.fio_write] if ceiling.fio_version() else [])
@@ -120,6 +120,12 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
     for n, row in again["per_ssd_count"].items():
         assert "direct_write_search" not in row
         assert row["direct_write_config"] == out["per_ssd_count"][n]["direct_write_config"]
+
+
+def test_the_config_defaults_are_the_probe_defaults() -> None:
+    spec = config.CeilingSpec()
+    assert [tuple(c) for c in spec.direct_search] == ceiling.DIRECT_SEARCH
+    assert [(j, 1) for j in spec.buffered_jobs] == ceiling.BUFFERED_SEARCH
 
 
 def test_a_given_grid_is_searched_instead_of_the_default(scratch: Path) -> None:
