@@ -106,20 +106,18 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
     assert out["copy_Bps"] == pytest.approx(max(out["copy_runs"]), rel=1e-3)
     assert out["serialize_Bps"] > 1e7
     # After the sweep: the chosen configurations only, no search.
-    again = ceiling.measure(
-        dirs,
-        [1, 2],
-        8 * MiB,
-        MiB,
-        devices.detect("host-emulated"),
-        use_fio=False,
-        repetitions=1,
-        min_bytes=16 * MiB,
-        configs=ceiling.chosen_configs(out),
-    )
+    again = _builtin_once(dirs, [1, 2], 16 * MiB, configs=ceiling.chosen_configs(out))
     for n, row in again["per_ssd_count"].items():
         assert "direct_write_search" not in row
         assert row["direct_write_config"] == out["per_ssd_count"][n]["direct_write_config"]
+
+
+def _builtin_once(dirs: list[str], counts: list[int], min_bytes: int, **kw: object) -> dict:
+    """The built-in probe's ceilings of 8 MiB checkpoints, one repetition."""
+    host = devices.detect("host-emulated")
+    return ceiling.measure(
+        dirs, counts, 8 * MiB, MiB, host, use_fio=False, repetitions=1, min_bytes=min_bytes, **kw
+    )
 
 
 def test_the_config_defaults_are_the_probe_defaults() -> None:
@@ -129,17 +127,8 @@ def test_the_config_defaults_are_the_probe_defaults() -> None:
 
 
 def test_a_given_grid_is_searched_instead_of_the_default(scratch: Path) -> None:
-    out = ceiling.measure(
-        _dirs(scratch, 1),
-        [1],
-        8 * MiB,
-        MiB,
-        devices.detect("host-emulated"),
-        use_fio=False,
-        repetitions=1,
-        min_bytes=8 * MiB,
-        direct_search=[(1, 2), (2, 1)],
-        buffered_jobs=[2],
+    out = _builtin_once(
+        _dirs(scratch, 1), [1], 8 * MiB, direct_search=[(1, 2), (2, 1)], buffered_jobs=[2]
     )
     row = out["per_ssd_count"]["1"]
     tried = [(t["jobs"], t["iodepth"]) for t in row["direct_write_search"]]
