@@ -206,7 +206,13 @@ def vm_info() -> dict[str, Any]:
     root = "/sys/bus/virtio/drivers/virtio_balloon"
     if os.path.isdir(root):
         balloon = any(e.startswith("virtio") for e in os.listdir(root))
-    return {"hypervisor": hypervisor, "memory_balloon": balloon, "thp": thp_mode()}
+    return {
+        "hypervisor": hypervisor,
+        "memory_balloon": balloon,
+        "thp": thp_mode(),
+        # torch's CPU allocator on transparent huge pages (set by the ckptbench command)
+        "torch_thp_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+    }
 
 
 def thp_mode() -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,6 @@ def test_run_tiny_sweep(scratch: Path) -> None:
     assert len(rows) == 32
     assert {r["verified"] for r in rows} == {"True"}
     assert {r["error"] for r in rows} == {""}
+    # The command puts torch's CPU allocations on huge pages (unless told otherwise) and says so.
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["vm"]["torch_thp_alloc"] == os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
