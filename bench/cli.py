@@ -293,17 +293,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# Host-emulated runs stand host memory in for GPU memory. torch's CPU allocator hands out 4 KiB
-# pages, and an O_DIRECT write from them pins every page: the gds emulation, which writes
-# straight from the tensors, ran at ~0.55 of the disk for that alone (bench/PERF.md), while GPU
-# memory is pinned once, in large pages. torch's own switch puts its allocations of 2 MiB and
-# more on transparent huge pages, for every engine alike; set it to 0 to keep 4 KiB pages.
-# Read by torch at its first large allocation, so it is set before any command imports torch.
-THP_ALLOC = "THP_MEM_ALLOC_ENABLE"
-
-
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault(THP_ALLOC, "1")
     args = parser().parse_args(argv)
     try:
         return args.fn(args)

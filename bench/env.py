@@ -210,7 +210,7 @@ def vm_info() -> dict[str, Any]:
         "hypervisor": hypervisor,
         "memory_balloon": balloon,
         "thp": thp_mode(),
-        # torch's CPU allocator on transparent huge pages (set by the ckptbench command)
+        # torch's CPU allocator on transparent huge pages when set to 1 (bench/PERF.md)
         "torch_thp_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
     }
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from typing import Any
 
-from bench import ceiling, cli, devices, engines, env, measure, results, sizes
+from bench import ceiling, devices, engines, env, measure, results, sizes
 from bench.verify import first_difference, first_tensor_difference
 from bench.workloads import synthetic_state
 
@@ -85,7 +85,6 @@ def main() -> int:
     ap.add_argument("--target", default="scratch/peers")
     ap.add_argument("-o", "--output", default="results")
     a = ap.parse_args()
-    os.environ.setdefault(cli.THP_ALLOC, "1")  # torch memory on huge pages, as `ckptbench` runs
     size = sizes.parse_size(a.size, "--size")
     os.makedirs(a.target, exist_ok=True)
     dev = devices.detect("auto")
