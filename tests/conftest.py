@@ -25,6 +25,14 @@ STRIPED_ENGINES = tuple(e for e in ENGINES if engines.traits_of(e).stripes)
 BASELINE_ENGINES = tuple(e for e in ENGINES if not engines.traits_of(e).stripes)
 # The engines that can run on this machine (an optional library may be missing: DeepSpeed).
 RUNNABLE = tuple(e for e in ENGINES if engines.unavailable(e) is None)
+# Ceilings for tests that need some ceiling, not a ceiling study: small probes, one
+# configuration (no search), one run.
+QUICK_CEILINGS = {
+    "min_bytes": "8MiB",
+    "repetitions": 1,
+    "direct_search": [[2, 8]],
+    "buffered_jobs": [1],
+}
 
 
 def scratch_base() -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import QUICK_CEILINGS
 
 from bench import odirect
 
@@ -45,12 +46,7 @@ def write_config(scratch: Path, **changes: object) -> Path:
         "targets": targets,
         "repetitions": 1,
         "warmups": 1,
-        "ceilings": {
-            "min_bytes": "8MiB",
-            "repetitions": 1,
-            "direct_search": [[2, 8]],
-            "buffered_jobs": [1],
-        },  # small probes, no search: a test, not a ceiling study
+        "ceilings": dict(QUICK_CEILINGS),
         **changes,
     }
     path = scratch / "tiny.yaml"

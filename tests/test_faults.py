@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import QUICK_CEILINGS
 
 from bench import config, devices, generations, manifest, plan
 from bench.engines import create
@@ -38,12 +39,7 @@ def _write_config(path: Path, **over: object) -> Path:
         "ssd_counts": [1],
         "repetitions": 1,
         "warmups": 0,
-        "ceilings": {
-            "min_bytes": "8MiB",
-            "repetitions": 1,
-            "direct_search": [[2, 8]],
-            "buffered_jobs": [1],
-        },  # small probes, no search: a test, not a ceiling study
+        "ceilings": dict(QUICK_CEILINGS),
         "scratch": str(path.parent / "tg"),
         "engine_options": {e: {"chunk_bytes": "1MiB"} for e in ("cpu-single", "cpu-double", "gds")},
     }

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import scratch_base
+from conftest import QUICK_CEILINGS, scratch_base
 
 from bench import cli, config, devices, measure, odirect, plan, results
 from bench.engines import REGISTRY
@@ -51,12 +51,7 @@ def tiny_raw(targets: list[str]) -> dict[str, Any]:
         "targets": targets,
         "repetitions": 1,
         "warmups": 1,
-        "ceilings": {
-            "min_bytes": "8MiB",
-            "repetitions": 1,
-            "direct_search": [[2, 8]],
-            "buffered_jobs": [1],
-        },  # small probes, no search: a test, not a ceiling study
+        "ceilings": dict(QUICK_CEILINGS),
         "engine_options": {e: {"chunk_bytes": CHUNK[e]} for e in STRIPED},
     }
 
@@ -237,12 +232,7 @@ def test_cpu_single_bypasses_the_page_cache(scratch: Path, monkeypatch: pytest.M
         "targets": make_targets(scratch, 1),
         "repetitions": 2,
         "warmups": 1,
-        "ceilings": {
-            "min_bytes": "8MiB",
-            "repetitions": 1,
-            "direct_search": [[2, 8]],
-            "buffered_jobs": [1],
-        },  # small probes, no search: a test, not a ceiling study
+        "ceilings": dict(QUICK_CEILINGS),
         "engine_options": {"cpu-single": {"checksums": True}, "cpu-double": {"checksums": True}},
     }
     r = Sweep(
@@ -279,12 +269,7 @@ def small(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "targets": targets,
         "repetitions": 2,
         "warmups": 0,
-        "ceilings": {
-            "min_bytes": "8MiB",
-            "repetitions": 1,
-            "direct_search": [[2, 8]],
-            "buffered_jobs": [1],
-        },  # small probes, no search: a test, not a ceiling study
+        "ceilings": dict(QUICK_CEILINGS),
     }
 
 
