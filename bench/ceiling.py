@@ -58,10 +58,10 @@ def fio_version() -> str | None:
     return out.stdout.strip() or None
 
 
-def random_bytes(n: int, seed: int = 0) -> np.ndarray:
-    """n incompressible bytes (SFC64), never a constant or zero page."""
+def random_bytes(n: int, seed: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """n incompressible bytes (SFC64), never a constant or zero page (into `out` if given)."""
     rng = np.random.Generator(np.random.SFC64(seed))
-    out = np.empty(n, dtype=np.uint8)
+    out = np.empty(n, dtype=np.uint8) if out is None else out[:n]
     n8 = n // 8 * 8
     if n8:
         out[:n8].view(np.uint64)[:] = rng.integers(
@@ -197,7 +197,10 @@ def copy_bandwidth(
     first, then the best of `reps` (every run kept, B/s)."""
     out: dict[str, Any] = {}
     dst = odirect.HostBuffer(nbytes, prefault=True)
-    src = random_bytes(nbytes)
+    # The source on huge pages too, like the emulated device memory the snapshot copies from
+    # (bench.workloads.synthetic.DeviceMemory).
+    src_buf = odirect.HostBuffer(nbytes, prefault=False)
+    src = random_bytes(nbytes, out=src_buf.array)
     tasks = copy_tasks([(dst.array[:nbytes], src)], COPY_PIECE)
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
 
@@ -218,7 +221,9 @@ def copy_bandwidth(
     finally:
         if pool is not None:
             pool.shutdown()
+        del tasks, src
         dst.close()
+        src_buf.close()
     out["copy_Bps"] = nbytes / min(times)
     out["copy_runs"] = [round(nbytes / t) for t in times]
     out["copy_threads"] = threads

@@ -77,6 +77,11 @@ class HostBuffer:
             self.array[:: mmap.PAGESIZE] = 0
 
     @property
+    def mapping(self) -> mmap.mmap:
+        """The mapping itself (for views that must outlive this object, e.g. torch.frombuffer)."""
+        return self._map
+
+    @property
     def address(self) -> int:
         return self.array.ctypes.data
 

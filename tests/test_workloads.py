@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import OrderedDict
 
@@ -193,3 +194,42 @@ def test_synthetic_bytes_are_incompressible_and_the_same_on_any_device():
         torch.empty(1000003, dtype=torch.uint8), np.random.Generator(np.random.SFC64(7)), piece=4096
     )
     assert torch.equal(a, b)
+
+
+def _vma_of(address: int) -> list[str]:
+    """The /proc/self/smaps block of the mapping that holds `address`."""
+    block: list[str] = []
+    found = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                if found:
+                    break
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                found = lo <= address < hi
+                block = []
+            if found:
+                block.append(line.strip())
+    return block
+
+
+def test_emulated_device_memory_is_huge_page_memory_with_one_storage_per_tensor() -> None:
+    """Host-emulated tensors come from mappings advised for transparent huge pages (as GPU
+    memory is not paged 4 KiB at a time), page-aligned, each with a storage of its own; their
+    memory outlives the allocator."""
+    state = synthetic_state(6 << 20, 1 << 20)
+    ptrs = [t.untyped_storage().data_ptr() for t in state.values()]
+    assert all(p % 4096 == 0 for p in ptrs)
+    assert len(set(ptrs)) == len(ptrs)
+    assert all(t.untyped_storage().nbytes() == 1 << 20 for t in state.values())
+    ends = sorted((p, p + (1 << 20)) for p in ptrs)
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))  # no two tensors overlap
+    vma = _vma_of(ptrs[0])
+    assert vma, "the tensor's memory is in no mapping of this process"
+    flags = next(line for line in vma if line.startswith("VmFlags:")).split()[1:]
+    assert "hg" in flags, vma  # madvise(MADV_HUGEPAGE) was applied to the mapping
+    # a copy made now matches after everything but the tensors is gone
+    copies = {k: t.clone().view(torch.uint8) for k, t in state.items()}
+    gc.collect()
+    assert all(torch.equal(state[k].view(torch.uint8), copies[k]) for k in state)

@@ -20,7 +20,7 @@ import torch
 
 from bench.errors import UserError
 from bench.workloads.presets import PRESETS, Arch
-from bench.workloads.synthetic import fill_random
+from bench.workloads.synthetic import DeviceMemory, fill_random
 
 
 def _gpt2_shapes(a: Arch) -> list[tuple[str, tuple[int, ...]]]:
@@ -94,9 +94,10 @@ def model_state(
     else:
         shapes = _gpt2_shapes(a)
     rng = np.random.Generator(np.random.SFC64(seed))
+    memory = DeviceMemory(device)
 
     def rand(shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
-        return fill_random(torch.empty(shape, dtype=dt, device=device), rng)
+        return fill_random(memory.empty(shape, dt), rng)
 
     model = OrderedDict((name, rand(shape, dtype)) for name, shape in shapes)
     state: dict[str, Any] = {"model": model}

@@ -3,10 +3,13 @@ the total is not a multiple), random content."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from bench.errors import UserError
+from bench.odirect import HostBuffer, align_up
 
 PIECE = 64 << 20  # bytes generated on the host at a time for a device tensor
 
@@ -42,6 +45,37 @@ def fill_random(t: torch.Tensor, rng: np.random.Generator, piece: int = PIECE) -
     return t
 
 
+class DeviceMemory:
+    """Where a state's tensors are allocated: `torch.empty` on a GPU; on the host (host-emulated)
+    page-aligned pieces of large anonymous mappings on transparent huge pages, carved out as
+    CUDA's caching allocator carves device memory out of large segments.
+
+    GPU memory is not paged 4 KiB at a time, and the gds emulation writes O_DIRECT straight from
+    these tensors: from torch's ordinary 4 KiB-page memory the kernel pins 512 times more pages
+    per write, which made emulated gds about twice as slow as from huge pages (bench/PERF.md).
+    Every tensor keeps a storage of its own (no engine sees tensors sharing memory); a mapping
+    is freed when the last tensor carved from it goes.
+    """
+
+    SEGMENT = 64 << 20
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._view: memoryview | None = None
+        self._used = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if self.device.type != "cpu" or n == 0:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        if self._view is None or self._used + n > len(self._view):
+            buf = HostBuffer(max(self.SEGMENT, n), prefault=False)
+            self._view, self._used = memoryview(buf.mapping), 0
+        t = torch.frombuffer(self._view[self._used : self._used + n], dtype=dtype)
+        self._used += align_up(n)
+        return t.view(shape)
+
+
 def synthetic_state(
     total_bytes: int,
     tensor_bytes: int,
@@ -63,9 +97,10 @@ def synthetic_state(
     n = (total_bytes + tensor_bytes - 1) // tensor_bytes
     width = max(5, len(str(n)))
     left = total_bytes
+    memory = DeviceMemory(device)
     for i in range(n):
         size = min(tensor_bytes, left)
-        t = torch.empty(size // item, dtype=dtype, device=device)
+        t = memory.empty((size // item,), dtype)
         state[f"t{i:0{width}d}"] = fill_random(t, rng)
         left -= size
     return state
