@@ -221,7 +221,8 @@ def copy_bandwidth(
     finally:
         if pool is not None:
             pool.shutdown()
-        del tasks, src
+        tasks.clear()  # the views go, so that the mappings can close now
+        del src
         dst.close()
         src_buf.close()
     out["copy_Bps"] = nbytes / min(times)
