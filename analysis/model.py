@@ -153,6 +153,8 @@ class Profile:
     direct_by_n: tuple[tuple[int, float], ...] = ()
     buffered_by_n: tuple[tuple[int, float], ...] = ()
     serialize_Bps: float | None = None
+    # P1(n): the page-cache path with one writer (engines with the single_writer trait).
+    buffered_single_by_n: tuple[tuple[int, float], ...] = ()
 
     @property
     def host_gpus(self) -> int:
@@ -178,10 +180,12 @@ class Profile:
             return measured[n]
         return self.ssd_write_Bps if self.shared_device else n * self.ssd_write_Bps
 
-    def page_cache_Bps(self, n: float) -> float:
+    def page_cache_Bps(self, n: float, single_writer: bool = False) -> float:
         """P(n): the page-cache path's rate to durability over n SSDs (as measured, else W(n);
-        the host's copy share bounds it in `predict`)."""
+        the host's copy share bounds it in `predict`); P1(n) for one writer when measured."""
         measured = dict(self.buffered_by_n)
+        if single_writer and n in dict(self.buffered_single_by_n):
+            return dict(self.buffered_single_by_n)[n]
         return measured.get(n, self.storage_Bps(n))
 
 
@@ -225,7 +229,8 @@ def predict(
     else:
         w_r = p.storage_Bps(m) / g
         direct = p.storage_Bps(1) / g if mapping == "shared" else min(p.storage_Bps(1), w_r)
-        cache = p.page_cache_Bps(1) / g if mapping == "shared" else min(p.page_cache_Bps(1), w_r)
+        one = p.page_cache_Bps(1, t.single_writer)
+        cache = one / g if mapping == "shared" else min(one, w_r)
     rate = min(cache, copy) if t.page_cache else direct
     if t.serializes and p.serialize_Bps:
         rate = min(rate, p.serialize_Bps)
@@ -438,6 +443,19 @@ def from_run(run: Any) -> Profile:
     per_n = sorted(int(n) for n in c["per_ssd_count"])
     direct = tuple((n, v) for n in per_n if (v := both(str(n), "direct_write")))
     buffered = tuple((n, v) for n in per_n if (v := both(str(n), "buffered_write")))
+    single = []
+    for n in per_n:
+        ones = [
+            v
+            for blk, top in ((c, c), (after, after))
+            if (
+                v := _probe_point(blk.get("per_ssd_count", {}).get(str(n), {}), top).get(
+                    "buffered_write_1_Bps"
+                )
+            )
+        ]
+        if ones:
+            single.append((n, float(np.mean(ones))))
     copy = float(np.mean([v for v in (typical(c, "copy"), typical(after, "copy")) if v]))
     d2h = float(np.mean([v for v in (typical(c, "d2h"), typical(after, "d2h")) if v] or [copy]))
     ser = [v for v in (typical(c, "serialize"), typical(after, "serialize")) if v]
@@ -490,7 +508,69 @@ def from_run(run: Any) -> Profile:
         notes=tuple(notes),
         direct_by_n=direct,
         buffered_by_n=buffered,
+        buffered_single_by_n=tuple(single),
         serialize_Bps=float(np.mean(ser)) if ser else None,
+    )
+
+
+def _probe_point(block: dict[str, Any], top: dict[str, Any]) -> dict[str, float]:
+    """The ceilings measured before or after the sweep for one target count, in the keys of a
+    probe (bench.ceiling.probe): the median of the chosen configuration's runs."""
+    out: dict[str, float] = {}
+    for mode in ("direct_write", "buffered_write"):
+        runs_ = block.get(f"{mode}_runs")
+        if runs_:
+            out[f"{mode}_Bps"] = float(np.median(runs_))
+    one = [r["Bps"] for r in block.get("buffered_write_search", []) if r.get("jobs") == 1]
+    if block.get("buffered_write_config", {}).get("jobs") == 1 and "buffered_write_Bps" in out:
+        one = [out["buffered_write_Bps"]]
+    if one:
+        out["buffered_write_1_Bps"] = float(one[0])
+    for key in ("copy", "d2h", "serialize"):
+        runs_ = top.get(f"{key}_runs")
+        if runs_:
+            out[f"{key}_Bps"] = float(np.median(runs_))
+    return out
+
+
+def near(p: Profile, run: Any, workload: str, n: int) -> Profile:
+    """`p` (from_run) with the ceilings measured around one workload of the run: the probe taken
+    just before its saves (env.json `ceilings_probes`) and its neighbours in time over the same
+    target count (the ceilings before the sweep, the probes of the workloads before and after,
+    the ceilings after), the median of those three. The disk of a VM drifts 2x within the
+    hour; a model calibrated once for the whole run misses by that much. `p` unchanged when
+    the run has no probes (older runs, probes off, multi-rank runs)."""
+    probes = [q for q in run.env.get("ceilings_probes") or [] if q.get("n_targets") == n]
+    at = [i for i, q in enumerate(probes) if q.get("workload") == workload]
+    if not at:
+        return p
+    before, after = (
+        _probe_point((c := run.env.get(key) or {}).get("per_ssd_count", {}).get(str(n), {}), c)
+        for key in ("ceilings", "ceilings_after")
+    )
+    seq = [before, *probes, after]
+    k = at[-1] + 1
+    window = seq[k - 1 : k + 2]
+
+    def med(key: str) -> float | None:
+        vals = [float(q[key]) for q in window if q.get(key)]
+        return float(np.median(vals)) if vals else None
+
+    def put(pairs: tuple[tuple[int, float], ...], v: float | None) -> tuple[tuple[int, float], ...]:
+        if v is None:
+            return pairs
+        return tuple(sorted({**dict(pairs), n: v}.items()))
+
+    copy = med("copy_Bps") or p.host_copy_Bps
+    d2h = med("d2h_Bps") or (copy if run.emulated else p.d2h_Bps)
+    return replace(
+        p,
+        direct_by_n=put(p.direct_by_n, med("direct_write_Bps")),
+        buffered_by_n=put(p.buffered_by_n, med("buffered_write_Bps")),
+        buffered_single_by_n=put(p.buffered_single_by_n, med("buffered_write_1_Bps")),
+        host_copy_Bps=copy,
+        d2h_Bps=d2h,
+        serialize_Bps=med("serialize_Bps") or p.serialize_Bps,
     )
 
 

@@ -309,7 +309,8 @@ def model_frame(run: Run, this: model.Profile) -> pd.DataFrame:
         if t is None:
             continue
         n = int(r["n_targets"]) if t.stripes else 1
-        pr = model.predict(this, r["engine"], n, float(r["total_bytes"]), t, g=1)
+        here = model.near(this, run, r["workload"], int(r["n_targets"]))
+        pr = model.predict(here, r["engine"], n, float(r["total_bytes"]), t, g=1)
         rows.append(
             {
                 "workload": r["workload"],

@@ -190,17 +190,29 @@ def builtin_write(
 
 
 def copy_bandwidth(
-    nbytes: int, device: Device, reps: int = COPY_REPS, threads: int = 1
+    nbytes: int,
+    device: Device,
+    reps: int = COPY_REPS,
+    threads: int = 1,
+    keep: dict[int, Any] | None = None,
 ) -> dict[str, Any]:
     """Copy bandwidth into a warm host buffer with the snapshot's own mechanism (pieces over
     `threads` threads), and on CUDA device-to-host into exactly pinned memory: one untimed copy
-    first, then the best of `reps` (every run kept, B/s)."""
+    first, then the best of `reps` (every run kept, B/s). `keep`: host buffers kept there for
+    the next call of the same size (the caller releases them with `release`), so that a probe
+    repeated through a sweep does not fault in fresh memory each time."""
     out: dict[str, Any] = {}
-    dst = odirect.HostBuffer(nbytes, prefault=True)
-    # The source on huge pages too, like the emulated device memory the snapshot copies from
-    # (bench.workloads.synthetic.DeviceMemory).
-    src_buf = odirect.HostBuffer(nbytes, prefault=False)
-    src = random_bytes(nbytes, out=src_buf.array)
+    if keep is not None and nbytes in keep:
+        dst, src_buf = keep[nbytes]
+    else:
+        dst = odirect.HostBuffer(nbytes, prefault=True)
+        # The source on huge pages too, like the emulated device memory the snapshot copies
+        # from (bench.workloads.synthetic.DeviceMemory).
+        src_buf = odirect.HostBuffer(nbytes, prefault=False)
+        random_bytes(nbytes, out=src_buf.array)
+        if keep is not None:
+            keep[nbytes] = (dst, src_buf)
+    src = src_buf.array[:nbytes]
     tasks = copy_tasks([(dst.array[:nbytes], src)], COPY_PIECE)
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
 
@@ -223,8 +235,8 @@ def copy_bandwidth(
             pool.shutdown()
         tasks.clear()  # the views go, so that the mappings can close now
         del src
-        dst.close()
-        src_buf.close()
+        if keep is None:
+            release({0: (dst, src_buf)})
     out["copy_Bps"] = nbytes / min(times)
     out["copy_runs"] = [round(nbytes / t) for t in times]
     out["copy_threads"] = threads
@@ -249,6 +261,14 @@ def copy_bandwidth(
         out["d2h_Bps"] = nbytes / min(times)
         out["d2h_runs"] = [round(nbytes / t) for t in times]
     return out
+
+
+def release(keep: dict[int, Any]) -> None:
+    """Free the buffers `copy_bandwidth` kept."""
+    for bufs in keep.values():
+        for b in bufs:
+            b.close()
+    keep.clear()
 
 
 def serialize_bandwidth(nbytes: int, tensor_bytes: int, reps: int = 3) -> dict[str, Any]:
@@ -379,6 +399,45 @@ def measure(
     }
 
 
+def probe(
+    targets: list[str],
+    nbytes: int,
+    block: int,
+    device: Device,
+    configs: dict[str, Any],
+    use_fio: bool = True,
+    drop: Any = None,
+    caps: list[int | None] | None = None,
+    copy_threads: int = 1,
+    keep: dict[int, Any] | None = None,
+) -> dict[str, Any]:
+    """The ceilings again, once, inside a sweep: the configurations chosen before the sweep
+    (`configs`: {mode: {jobs, iodepth}} for these targets), plus the page-cache path with a
+    single writer (what torch.save and safetensors are) and the copy ceiling (median of 3,
+    buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
+    workload's rows from the probes around it, so that a disk that drifts 2x within the hour
+    drifts in the model too. Bandwidths in B/s, one run each. (Serialisation is left to the
+    ceilings before and after: on these machines it is several times the disk.)"""
+    write = fio_write if use_fio and fio_version() else builtin_write
+    share = max(block, -(-nbytes // len(targets)) // block * block)
+    out: dict[str, Any] = {"n_targets": len(targets), "file_bytes": share}
+    todo = [(m, configs[m]["jobs"], configs[m]["iodepth"]) for m in configs]
+    if "buffered_write" in configs and configs["buffered_write"]["jobs"] != 1:
+        todo.append(("buffered_write_1", 1, 1))
+    for mode, jobs, depth in todo:
+        if drop:
+            drop()
+        direct = mode == "direct_write"
+        out[f"{mode}_Bps"] = round(write(targets, share, block, direct, jobs, depth, caps))
+    if "buffered_write_1_Bps" not in out and "buffered_write_Bps" in out:
+        out["buffered_write_1_Bps"] = out["buffered_write_Bps"]
+    copy = copy_bandwidth(nbytes, device, reps=3, threads=copy_threads, keep=keep)
+    out["copy_Bps"] = float(np.median(copy["copy_runs"]))
+    if "d2h_runs" in copy:
+        out["d2h_Bps"] = float(np.median(copy["d2h_runs"]))
+    return out
+
+
 def chosen_configs(c: dict[str, Any]) -> dict[str, Any]:
     """The configuration each storage ceiling settled on, to measure again without a search."""
     return {
@@ -403,21 +462,4 @@ def drift(before: dict[str, Any], after: dict[str, Any], tolerance: float = 0.2)
                     f"{m.replace('_', ' ')} ceiling of {n} target(s) moved from "
                     f"{b / 1e9:.2f} GB/s before the sweep to {a / 1e9:.2f} GB/s after"
                 )
-    return out
-
-
-def combined(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The ceilings an efficiency is judged against: the best of before and after the sweep
-    (a ceiling is the best the device did)."""
-    if not before or not after:
-        return before or after
-    out = json.loads(json.dumps(before))
-    for n, row in after.get("per_ssd_count", {}).items():
-        dst = out["per_ssd_count"].setdefault(n, {})
-        for k, v in row.items():
-            if k.endswith("_Bps") and isinstance(v, int | float):
-                dst[k] = max(v, dst.get(k, 0))
-    for k in ("copy_Bps", "d2h_Bps", "serialize_Bps"):
-        if isinstance(after.get(k), int | float):
-            out[k] = max(after[k], out.get(k) or 0)
     return out

@@ -50,6 +50,10 @@ class CeilingSpec(Strict):
     # The storage probes write at least this much in all (steady state, not a burst).
     min_bytes: Size = 1 << 30
     after: bool = True  # measure the storage ceilings again after the sweep (disks drift)
+    # Before each workload's saves, the chosen configurations once more (and the page cache
+    # with one writer, copy, serialisation): env.json `ceilings_probes`, from which the model
+    # predicts that workload. Single-process runs only.
+    probes: bool = True
     # The search for the O_DIRECT ceiling: (writers per target, queue depth) pairs, each run once;
     # the best is then run `repetitions` times. Buffered + fsync: the writer counts searched.
     # One entry each skips the search (a quick look, or a test).

@@ -15,6 +15,7 @@ the gather do nothing (bench.core.LocalWorld).
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from typing import Any
 
@@ -51,6 +52,7 @@ class Sweep:
         self.faults = dist.faults() if ranked else {}
         self.saves = 0  # saves this rank took part in (fault injection counts them)
         self.ceilings: dict[str, Any] | None = None
+        self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
         self.cache_dropped = False
         self.done: set[tuple[str, bool, int]] = set()
 
@@ -130,6 +132,7 @@ class Sweep:
                 timeout_s=dist.SETUP_TIMEOUT_S,
             )
         finally:
+            ceiling.release(self._probe_buffers)
             core.close()
         return core.run_dir or ""
 
@@ -259,10 +262,7 @@ class Sweep:
                 )
             largest = max((w.total_bytes for w in wls if w.kind == "synthetic"), default=1 << 30)
             tensor = max((w.tensor_bytes for w in wls if w.kind == "synthetic"), default=64 << 20)
-            opts = config_mod.resolved(cfg)["engine_options"]
-            block = next((o["chunk_bytes"] for o in opts.values() if "chunk_bytes" in o), 16 << 20)
-            threads = next((o["copy_threads"] for o in opts.values() if "copy_threads" in o), 0)
-            threads = threads or min(os.cpu_count() or 1, 8)
+            block, threads = self._ceiling_block(), self._copy_threads()
             tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
             when = "after the sweep" if again else "first"
             core.log(f"measuring device ceilings {when} (storage with {tool}, memory copy)")
@@ -294,6 +294,17 @@ class Sweep:
             core.warn(f"warning: device ceilings not measured ({why}); no efficiency columns")
             return None
 
+    def _ceiling_block(self) -> int:
+        """The storage probes' block: the engines' chunk size."""
+        opts = config_mod.resolved(self.cfg)["engine_options"]
+        return next((o["chunk_bytes"] for o in opts.values() if "chunk_bytes" in o), 16 << 20)
+
+    def _copy_threads(self) -> int:
+        """The copy ceiling's threads: as many as the snapshot copies with."""
+        opts = config_mod.resolved(self.cfg)["engine_options"]
+        threads = next((o["copy_threads"] for o in opts.values() if "copy_threads" in o), 0)
+        return threads or min(os.cpu_count() or 1, 8)
+
     def _ceilings_after(self, wls: list[plan.Workload]) -> None:
         """Rank 0, after the sweep: the ceilings again, kept beside the first; a drift noted."""
         core = self.core
@@ -308,6 +319,46 @@ class Sweep:
             core.note(
                 f"the disk drifted during the run: {d}; efficiencies use the better of the two"
             )
+        core.write_env()
+
+    def _probe(self, g: plan.Group, wl: plan.Workload) -> None:
+        """The ceilings once more between this workload's warm-up and timed saves
+        (bench.ceiling.probe), into env.json `ceilings_probes`: the model predicts the workload
+        from the probes around it. The page cache is not dropped for it: the timed saves that
+        follow find it as the warm-ups left it, and so does the probe (on a VM with a memory
+        balloon, a buffered write into freshly dropped memory runs at half speed). A probe that
+        fails is noted and the sweep goes on."""
+        cfg, core = self.cfg, self.core
+        chosen = ceiling.chosen_configs(self.ceilings or {}).get(str(g.n))
+        if self.ranked or not (cfg.ceilings.enabled and cfg.ceilings.probes and chosen):
+            return
+        paths, idx = self.my_targets(g) or ([], [])
+        if not paths:
+            return
+        caps = cfg.target_caps()
+        t0 = time.perf_counter_ns()
+        try:
+            got = ceiling.probe(
+                paths,
+                wl.total_bytes,
+                self._ceiling_block(),
+                self.device,
+                chosen,
+                use_fio=cfg.ceilings.tool != "builtin",
+                caps=[caps[i] for i in idx],
+                copy_threads=self._copy_threads(),
+                keep=self._probe_buffers,
+            )
+        except (OSError, RuntimeError, ValueError) as e:
+            why = " ".join(str(e).split())[:200]
+            core.note(f"probe before {wl.id} over {g.n} target(s) failed: {why}")
+            return
+        got.update(
+            workload=wl.id,
+            unix_time=round(time.time(), 1),
+            seconds=round((time.perf_counter_ns() - t0) / 1e9, 2),
+        )
+        core.env.setdefault("ceilings_probes", []).append(got)
         core.write_env()
 
     # -- cases ---------------------------------------------------------------------------------
@@ -340,7 +391,12 @@ class Sweep:
                 state = w.agree(f"the state of {wl.id}", lambda wl=wl: self._build(wl, g, engines))
                 if self.cache_dropped and w.local_rank == 0:
                     measure.drop_page_cache()
+                probed = False
                 for i, e in todo:
+                    if not probed and i >= cfg.warmups:
+                        # after the warm-ups, in the conditions of the timed saves
+                        self._probe(g, wl)
+                        probed = True
                     self._case(g, wl, e, engines.get(e), state, i)
                 del state
         finally:

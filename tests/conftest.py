@@ -32,6 +32,7 @@ QUICK_CEILINGS = {
     "repetitions": 1,
     "direct_search": [[2, 8]],
     "buffered_jobs": [1],
+    "probes": False,
 }
 
 

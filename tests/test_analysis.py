@@ -174,6 +174,21 @@ def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run
         np.median(ts["total_bytes"] / ts["total_s"] / 2e9), rel=1e-3
     )
     assert np.isnan(d["snapshot_eff"])
+    # A probe between workloads that beat both raises the ceiling too; one of 2 targets does not
+    # touch the 1-target ceiling.
+    probes = [
+        {"n_targets": 1, "buffered_write_Bps": 4e9, "copy_Bps": 20e9},
+        {"n_targets": 2, "buffered_write_Bps": 0.5e9},
+    ]
+    env2 = dict(env, ceilings_probes=probes)
+    best = runs.ceilings(env2)
+    assert best["per_ssd_count"]["1"] == {"direct_write_Bps": 3.0e9, "buffered_write_Bps": 4e9}
+    assert best["per_ssd_count"]["2"] == {"direct_write_Bps": 4.0e9, "buffered_write_Bps": 2.5e9}
+    assert best["copy_Bps"] == 20e9
+    ok2 = runs.add_efficiencies(run.ok, env2)
+    t2 = stats.summary_table(dataclasses.replace(run, env=env2, ok=ok2))
+    d2 = t2[(t2["engine"] == "torch-save") & (t2["workload"] == wl)].iloc[0]
+    assert d2["write_eff"] == pytest.approx(d["write_eff"] / 2, rel=1e-3)
     headers, rows_ = stats.summary_rows(t)
     assert headers[-2:] == ["write eff", "snapshot eff"]
     # a median above 1.05 is a finding about the ceiling, not a score

@@ -138,6 +138,67 @@ def test_a_given_grid_is_searched_instead_of_the_default(scratch: Path) -> None:
     assert row["buffered_write_config"] == {"jobs": 2, "iodepth": 1}
 
 
+def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Path) -> None:
+    """Between workloads: the chosen configurations once each, the page cache with one writer
+    too (what torch.save is), the copy; `drop` called before every storage run; no file left
+    behind."""
+    dirs = _dirs(scratch, 2)
+    drops: list[int] = []
+    keep: dict = {}
+    calls: list[tuple] = []
+    real = ceiling.builtin_write
+
+    def spy(targets, share, block, direct, jobs, depth, caps=None):  # type: ignore[no-untyped-def]
+        calls.append((len(targets), share, direct, jobs, depth))
+        return real(targets, share, block, direct, jobs, depth, caps)
+
+    chosen = {
+        "direct_write": {"jobs": 2, "iodepth": 4},
+        "buffered_write": {"jobs": 2, "iodepth": 1},
+    }
+    ceiling.builtin_write = spy
+    try:
+        got = ceiling.probe(
+            dirs,
+            8 * MiB,
+            MiB,
+            devices.detect("host-emulated"),
+            chosen,
+            use_fio=False,
+            drop=lambda: drops.append(1),
+            copy_threads=2,
+            keep=keep,
+        )
+    finally:
+        ceiling.builtin_write = real
+    assert list(keep) == [8 * MiB]  # the copy buffers, kept for the next probe
+    ceiling.release(keep)
+    assert keep == {}
+    assert calls == [
+        (2, 4 * MiB, True, 2, 4),
+        (2, 4 * MiB, False, 2, 1),
+        (2, 4 * MiB, False, 1, 1),
+    ]
+    assert len(drops) == 3
+    assert got["n_targets"] == 2 and got["file_bytes"] == 4 * MiB
+    for key in ("direct_write", "buffered_write", "buffered_write_1", "copy"):
+        assert got[f"{key}_Bps"] > 1e6, key
+    assert "d2h_Bps" not in got
+    assert [os.listdir(d) for d in dirs] == [[], []]
+    # A chosen buffered configuration of one writer is not measured twice.
+    calls.clear()
+    chosen["buffered_write"]["jobs"] = 1
+    ceiling.builtin_write = spy
+    try:
+        got = ceiling.probe(
+            dirs, 8 * MiB, MiB, devices.detect("host-emulated"), chosen, use_fio=False
+        )
+    finally:
+        ceiling.builtin_write = real
+    assert len(calls) == 2
+    assert got["buffered_write_1_Bps"] == got["buffered_write_Bps"]
+
+
 def test_drift_between_before_and_after_is_said() -> None:
     before = {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}}}
     after = {"per_ssd_count": {"1": {"direct_write_Bps": 1e9, "buffered_write_Bps": 1.1e9}}}

@@ -266,6 +266,60 @@ def test_from_run_predicts_with_the_typical_ceiling_runs_not_the_best() -> None:
     assert "median" in p.sources["host_copy_GBps"][1]
 
 
+def test_a_workload_is_predicted_from_the_probes_around_it() -> None:
+    """With probes (env.json ceilings_probes), a workload's model takes the median of three
+    points in time over its own target count: the point before (the previous probe, or the
+    ceilings before the sweep), its own probe, the point after (the next probe, or the ceilings
+    after). torch.save, one writer, gets the one-writer page-cache rate."""
+    run = runs.load(str(DEFAULT))
+
+    def ceil(direct: float, copy: float) -> dict:
+        one = {"direct_write_Bps": direct, "direct_write_runs": [direct]}
+        one |= {"buffered_write_Bps": 1e9, "buffered_write_runs": [1e9]}
+        one |= {"buffered_write_config": {"jobs": 4, "iodepth": 1}}
+        one |= {"buffered_write_search": [{"jobs": 1, "iodepth": 1, "Bps": 0.2e9}]}
+        return {"copy_Bps": copy, "copy_runs": [copy], "per_ssd_count": {"1": one}}
+
+    def probe(wl: str, n: int, direct: float, copy: float, one_writer: float) -> dict:
+        return {
+            "workload": wl,
+            "n_targets": n,
+            "direct_write_Bps": direct,
+            "buffered_write_Bps": 1e9,
+            "buffered_write_1_Bps": one_writer,
+            "copy_Bps": copy,
+            "serialize_Bps": 3e9,
+        }
+
+    env = dict(
+        run.env,
+        ceilings=ceil(1.0e9, 8e9),
+        ceilings_after=ceil(0.4e9, 6e9),
+        ceilings_probes=[
+            probe("a", 1, 0.9e9, 9e9, 0.3e9),
+            probe("a", 4, 5e9, 1e9, 5e9),  # another target count: never mixed in
+            probe("b", 1, 0.5e9, 7e9, 0.5e9),
+            probe("c", 1, 0.3e9, 5e9, 0.6e9),
+        ],
+    )
+    r = dataclasses.replace(run, env=env)
+    base = model.from_run(r)
+    a, b, c = (model.near(base, r, wl, 1) for wl in "abc")
+    assert dict(a.direct_by_n)[1] == pytest.approx(0.9e9)  # median(1.0, 0.9, 0.5)
+    assert dict(b.direct_by_n)[1] == pytest.approx(0.5e9)  # median(0.9, 0.5, 0.3)
+    assert dict(c.direct_by_n)[1] == pytest.approx(0.4e9)  # median(0.5, 0.3, 0.4 after)
+    assert a.host_copy_Bps == pytest.approx(8e9) and c.host_copy_Bps == pytest.approx(6e9)
+    assert a.d2h_Bps == a.host_copy_Bps  # host-emulated: the copy
+    assert dict(a.buffered_single_by_n)[1] == pytest.approx(0.3e9)  # median(0.2, 0.3, 0.5)
+    assert dict(c.buffered_single_by_n)[1] == pytest.approx(0.5e9)  # median(0.5, 0.6, 0.2)
+    assert model.near(base, r, "not-probed", 1) is base
+    s = float(1 << 30)
+    ts = model.predict(b, "torch-save", 1, s, g=1)
+    assert ts.durable_s == pytest.approx(s / 7e9 + s / 0.5e9)  # one writer: P1, not P
+    # cpu-double writes with several threads: the chosen configuration's rate
+    assert model.predict(b, "cpu-double", 1, s, g=1).durable_s == pytest.approx(s / 7e9 + s / 1e9)
+
+
 def test_cli_model_prints_the_feasibility_table(capsys: pytest.CaptureFixture[str]) -> None:
     """One answer: the headline, the ratio row and the per-engine table all come from predict
     with the host's 8 GPUs at once (d = min(52.77, 100 / 8) = 12.5 GB/s)."""

@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import QUICK_CEILINGS, scratch_base
 
+from analysis import model, runs
 from bench import cli, config, devices, measure, odirect, plan, results
 from bench.engines import REGISTRY
 from bench.errors import UserError
@@ -51,7 +52,7 @@ def tiny_raw(targets: list[str]) -> dict[str, Any]:
         "targets": targets,
         "repetitions": 1,
         "warmups": 1,
-        "ceilings": dict(QUICK_CEILINGS),
+        "ceilings": dict(QUICK_CEILINGS, probes=True),
         "engine_options": {e: {"chunk_bytes": CHUNK[e]} for e in STRIPED},
     }
 
@@ -105,6 +106,27 @@ def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
     assert tiny["runner"].failures == 0
     assert os.path.basename(tiny["run_dir"]) == tiny["runner"].run_id
     assert sorted(os.listdir(tiny["run_dir"])) == ["env.json", "results.csv"]
+
+
+def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any]) -> None:
+    """A probe per workload and target count, in run order, with the keys the model reads;
+    the model of each case is taken from the probes around it."""
+    with open(os.path.join(tiny["run_dir"], "env.json")) as f:
+        env = json.load(f)
+    probes = env["ceilings_probes"]
+    wls = ("synthetic-8MiB-1MiB", "synthetic-8MiB-8MiB")
+    assert [(p["n_targets"], p["workload"]) for p in probes] == [
+        (n, w) for n in (1, 2) for w in wls
+    ]
+    for p in probes:
+        for key in ("direct_write", "buffered_write", "buffered_write_1", "copy"):
+            assert p[f"{key}_Bps"] > 0, key
+        assert p["file_bytes"] * p["n_targets"] >= 8 * MiB
+    assert [p["unix_time"] for p in probes] == sorted(p["unix_time"] for p in probes)
+    run = runs.load(tiny["run_dir"])
+    base = model.from_run(run)
+    here = model.near(base, run, wls[1], 2)
+    assert here is not base and dict(here.direct_by_n)[2] != dict(base.direct_by_n)[2]
 
 
 def test_tiny_run_cases_in_order(tiny: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ class Safetensors(BaselineEngine):
         stripes=False,
         host_copies=1,
         baseline=True,
+        single_writer=True,
         summary="safetensors.torch.save_file to one file in the first target, fsync",
     )
 

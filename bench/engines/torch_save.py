@@ -31,6 +31,7 @@ class TorchSave(BaselineEngine):
         host_copies=1,
         baseline=True,
         serializes=True,
+        single_writer=True,
         summary="torch.save to one file in the first target, fsync",
     )
 

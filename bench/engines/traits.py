@@ -40,6 +40,9 @@ class Traits:
     # Its library turns the tensors into a file format on the CPU before writing (torch.save's
     # zip archive, DCP's items): bounded by the serialisation rate the run measures.
     serializes: bool = False
+    # Writes its one file with a single thread (torch.save, safetensors): its page-cache rate is
+    # the one-writer buffered ceiling, not the best writer count's.
+    single_writer: bool = False
     # One line for reports: what it does.
     summary: str = ""
 
@@ -98,6 +101,7 @@ BUILTIN: dict[str, Traits] = {
         1,
         True,
         serializes=True,
+        single_writer=True,
         summary="torch.save to one file in the first target, fsync",
     ),
     "dcp": Traits(
