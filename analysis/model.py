@@ -12,7 +12,8 @@ Symbols (bandwidths in B/s):
     w     sequential write bandwidth of one SSD; W(m) that of m SSDs (m w, or as measured; w
           when every target is on one device)
     P(m)  the page-cache path's own rate to durability over m SSDs (buffered write + fsync;
-          min(C, W(m)) unless measured)
+          min(C, W(m)) unless measured); P1(m) the same with one writer (torch.save and
+          safetensors write with one thread), P(m) unless measured
     z     serialisation rate of a library that turns tensors into a file format on the CPU
           (torch.save's zip, DCP's items); unlimited unless measured or given
     g     GPUs of the host checkpointing at once, sharing its m SSDs (m = n g for n per GPU)
@@ -26,7 +27,7 @@ Symbols (bandwidths in B/s):
     from device (gds)                      W_g                           S/min(L,r)   = stall
     snapshot, O_DIRECT (cpu-single)        W_g                           S/d          S/d + S/r
     snapshot, page cache (cpu-double)      min(P(m)/g, C/g)              S/d          S/d + S/r
-    durable, page cache, 1 SSD (torch-save) min(P(1)/g, C/g, z)          S/d + S/r    = stall
+    durable, page cache, 1 SSD (torch-save) min(P1(1)/g, C/g, z)         S/d + S/r    = stall
     snapshot, page cache, 1 SSD (dcp)      min(P(1)/g, C/g, z)           S/d          S/d + S/r
 
     host memory = host copies x S (0 gds, 1 cpu-single and torch-save, 2 cpu-double and dcp)
@@ -79,13 +80,14 @@ the storage (m SSDs shared), and writes through the page cache at up to C/g.
 | gds (from device) | W_g | S / min(L, r) | = stall | 0 |
 | cpu-single (snapshot, O_DIRECT) | W_g | S / d | S/d + S/r | S (pinned staging) |
 | cpu-double (snapshot, page cache) | min(P(m)/g, C/g) | S / d | S/d + S/r | 2 S (staging + page cache) |
-| torch-save (durable, page cache, 1 SSD) | min(P(1)/g, C/g, z) | S/d + S/r | = stall | S (page cache) |
+| torch-save (durable, page cache, 1 SSD, one writer) | min(P1(1)/g, C/g, z) | S/d + S/r | = stall | S (page cache) |
 | dcp (snapshot, page cache, 1 SSD) | min(P(1)/g, C/g, z) | S / d | S/d + S/r | 2 S (staging + page cache) |
 
 S: checkpoint size of one GPU; b: its device-to-host link; L: its link for GDS (= b unless
 given); C: what the host's memory takes in from all GPUs; w: one SSD's write bandwidth, W(m) of
 m SSDs (m w; w when all targets share one device; as measured on this machine); P(m): the
-page-cache path to durability (as measured, else W(m)); z: the serialisation rate of torch.save
+page-cache path to durability (as measured, else W(m)); P1(m): the same with one writer, for
+engines that write with one thread (as measured, else P(m)); z: the serialisation rate of torch.save
 and DCP (as measured). GDS stall / CPU-centric stall R = d / min(L, n w) with n SSDs per GPU;
 break-even n* = d / w. Every engine is placed by its traits, so a new one gets its row."""
 
