@@ -44,6 +44,7 @@ from bench.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
 DIRECT_SEARCH = [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]  # (writers per target, depth)
 BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]  # the defaults of bench.config.CeilingSpec
 COPY_REPS = 5
+PROBE_COPY_BYTES = 1 << 30  # the largest copy a probe measures
 
 
 def fio_version() -> str | None:
@@ -205,6 +206,8 @@ def copy_bandwidth(
     if keep is not None and nbytes in keep:
         dst, src_buf = keep[nbytes]
     else:
+        if keep is not None:
+            release(keep)  # one size kept at a time
         dst = odirect.HostBuffer(nbytes, prefault=True)
         # The source on huge pages too, like the emulated device memory the snapshot copies
         # from (bench.workloads.synthetic.DeviceMemory).
@@ -413,8 +416,8 @@ def probe(
 ) -> dict[str, Any]:
     """The ceilings again, once, inside a sweep: the configurations chosen before the sweep
     (`configs`: {mode: {jobs, iodepth}} for these targets), plus the page-cache path with a
-    single writer (what torch.save and safetensors are) and the copy ceiling (median of 3,
-    buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
+    single writer (what torch.save and safetensors are) and the copy ceiling (median of 3, of
+    at most 1 GiB, buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
     workload's rows from the probes around it, so that a disk that drifts 2x within the hour
     drifts in the model too. Bandwidths in B/s, one run each. (Serialisation is left to the
     ceilings before and after: on these machines it is several times the disk.)"""
@@ -431,7 +434,9 @@ def probe(
         out[f"{mode}_Bps"] = round(write(targets, share, block, direct, jobs, depth, caps))
     if "buffered_write_1_Bps" not in out and "buffered_write_Bps" in out:
         out["buffered_write_1_Bps"] = out["buffered_write_Bps"]
-    copy = copy_bandwidth(nbytes, device, reps=3, threads=copy_threads, keep=keep)
+    # At most PROBE_COPY_BYTES: its buffers stay allocated through the sweep.
+    each = min(nbytes, PROBE_COPY_BYTES)
+    copy = copy_bandwidth(each, device, reps=3, threads=copy_threads, keep=keep)
     out["copy_Bps"] = float(np.median(copy["copy_runs"]))
     if "d2h_runs" in copy:
         out["d2h_Bps"] = float(np.median(copy["d2h_runs"]))

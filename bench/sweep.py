@@ -351,7 +351,7 @@ class Sweep:
             )
         except (OSError, RuntimeError, ValueError) as e:
             why = " ".join(str(e).split())[:200]
-            core.note(f"probe before {wl.id} over {g.n} target(s) failed: {why}")
+            core.note(f"the probe of {wl.id} over {g.n} target(s) failed: {why}")
             return
         got.update(
             workload=wl.id,

@@ -172,6 +172,8 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     finally:
         ceiling.builtin_write = real
     assert list(keep) == [8 * MiB]  # the copy buffers, kept for the next probe
+    ceiling.copy_bandwidth(4 * MiB, devices.detect("host-emulated"), reps=1, keep=keep)
+    assert list(keep) == [4 * MiB]  # one size kept at a time
     ceiling.release(keep)
     assert keep == {}
     assert calls == [
