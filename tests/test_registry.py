@@ -83,7 +83,7 @@ def copied_engine(tmp_path, monkeypatch) -> str:
     monkeypatch.setitem(
         engines.ENGINES,
         "cpu-single-copy",
-        engines.Entry("ckptbench_copy_engine:CpuSingleCopy", engine_options.StripedOptions),
+        engines.Entry("ckptbench_copy_engine:CpuSingleCopy", engine_options.SnapshotOptions),
     )
     return "cpu-single-copy"
 

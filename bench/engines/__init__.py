@@ -33,7 +33,7 @@ class Entry:
 
 ENGINES: dict[str, Entry] = {
     "gds": Entry("bench.engines.gds:Gds", opts.GdsOptions),
-    "cpu-single": Entry("bench.engines.cpu_single:CpuSingle", opts.StripedOptions),
+    "cpu-single": Entry("bench.engines.cpu_single:CpuSingle", opts.SnapshotOptions),
     "cpu-double": Entry("bench.engines.cpu_double:CpuDouble", opts.DoubleOptions),
     "torch-save": Entry("bench.engines.torch_save:TorchSave", opts.NoOptions),
     "dcp": Entry("bench.engines.dcp:Dcp", opts.DcpOptions),

@@ -22,17 +22,12 @@ class NoOptions(Strict):
 
 
 class StripedOptions(Strict):
-    """Knobs of the striped data paths (gds, cpu-double, cpu-single)."""
+    """Knobs every striped data path has (gds, cpu-double, cpu-single)."""
 
     chunk_bytes: Size = 16 << 20  # stripe unit and largest single write
     threads_per_target: PosInt = 2  # writer threads per target
     checksums: bool = True  # per tensor, computed on the persist path, checked on load
-    device: Literal["auto", "cuda", "host-emulated"] = "auto"  # where snapshots come from
-    # Bounded staging (CPU paths): a ring of this many chunks instead of the whole state; 0: off.
-    staging_chunks: NonNeg = 0
-    # Threads that copy host tensors into staging (CPU paths, host-emulated snapshot); 0: one per
-    # CPU, at most 8. A device-to-host snapshot is a DMA and ignores it.
-    copy_threads: NonNeg = 0
+    device: Literal["auto", "cuda", "host-emulated"] = "auto"  # where the state lives
     # Reserve each data file's full length (posix_fallocate) before writing: O_DIRECT writes
     # inside the file's size can run in parallel, where appends that extend it are serialised by
     # the filesystem (ext4 takes its inode lock exclusively for them). See bench/PERF.md.
@@ -40,15 +35,6 @@ class StripedOptions(Strict):
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Rate | list[Rate | None] | None = None
-    # CPU paths: write each chunk as soon as it is in staging, while later chunks are still being
-    # copied, so that persisting overlaps the snapshot (the stall still ends at the last byte).
-    # auto: on where the writes do not take cores from the copy, i.e. the snapshot is a
-    # device-to-host DMA (CUDA), or the copy threads leave a core free; off where the copy
-    # threads hold every core (there a write beside the copy stretched the stall by 20-60 %
-    # for no gain in time to durability, bench/PERF.md).
-    overlap: bool | Literal["auto"] = "auto"
-    # With overlap: writes in flight while the snapshot still runs (0: no limit).
-    overlap_writes: NonNeg = 1
 
     @field_validator("chunk_bytes")
     @classmethod
@@ -58,7 +44,26 @@ class StripedOptions(Strict):
         return v
 
 
-class DoubleOptions(StripedOptions):
+class SnapshotOptions(StripedOptions):
+    """Knobs of the CPU paths (cpu-single, cpu-double): the striping ones and the snapshot's."""
+
+    # Bounded staging: a ring of this many chunks instead of the whole state; 0: off.
+    staging_chunks: NonNeg = 0
+    # Threads that copy host tensors into staging (host-emulated snapshot); 0: one per CPU, at
+    # most 8. A device-to-host snapshot is a DMA and ignores it.
+    copy_threads: NonNeg = 0
+    # Write each chunk as soon as it is in staging, while later chunks are still being
+    # copied, so that persisting overlaps the snapshot (the stall still ends at the last byte).
+    # auto: on where the writes do not take cores from the copy, i.e. the snapshot is a
+    # device-to-host DMA (CUDA), or the copy threads leave a core free; off where the copy
+    # threads hold every core (there a write beside the copy stretched the stall by 20-60 %
+    # for no gain in time to durability, bench/PERF.md).
+    overlap: bool | Literal["auto"] = "auto"
+    # With overlap: writes in flight while the snapshot still runs (0: no limit).
+    overlap_writes: NonNeg = 1
+
+
+class DoubleOptions(SnapshotOptions):
     """cpu-double: overlapping its buffered writes with the snapshot competes with the snapshot
     for memory bandwidth (the writes copy into the page cache), so it is off by default."""
 
@@ -66,7 +71,8 @@ class DoubleOptions(StripedOptions):
 
 
 class GdsOptions(StripedOptions):
-    """Knobs of the gds path, on top of the striping ones."""
+    """Knobs of the gds path, on top of the striping ones (no snapshot: the snapshot's knobs
+    are refused rather than ignored)."""
 
     io: Literal["auto", "kvikio", "emulated"] = "auto"
     allow_compat: bool = True  # if false, a file cuFile cannot take is an error, not a fallback

@@ -64,7 +64,9 @@ class StripedEngine:
         self.staging = Staging(self.device)
         n_threads = self.options.threads_per_target * len(self.targets)
         self._pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"{self.name}-io")
-        n_copy = self.options.copy_threads or min(os.cpu_count() or 1, 8)
+        # gds copies nothing: no copy threads (its options have none)
+        copy_threads = getattr(self.options, "copy_threads", None)
+        n_copy = 1 if copy_threads is None else copy_threads or min(os.cpu_count() or 1, 8)
         self._copy_pool = (
             ThreadPoolExecutor(max_workers=n_copy, thread_name_prefix=f"{self.name}-copy")
             if n_copy > 1
@@ -88,7 +90,7 @@ class StripedEngine:
 
     def _resolve_overlap(self, n_copy: int) -> bool:
         """`overlap: auto`: on when the snapshot is a DMA (CUDA) or the copy threads leave a
-        CPU free for the writes; off when they hold every CPU (see StripedOptions.overlap)."""
+        CPU free for the writes; off when they hold every CPU (see SnapshotOptions.overlap)."""
         opt = getattr(self.options, "overlap", False)
         if opt != "auto":
             return bool(opt)
