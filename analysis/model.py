@@ -27,8 +27,15 @@ Symbols (bandwidths in B/s):
     from device (gds)                      W_g                           S/min(L,r)   = stall
     snapshot, O_DIRECT (cpu-single)        W_g                           S/d          S/d + S/r
     snapshot, page cache (cpu-double)      min(P(m)/g, C/g)              S/d          S/d + S/r
-    durable, page cache, 1 SSD (torch-save) min(P1(1)/g, C/g, z)         S/d + S/r    = stall
-    snapshot, page cache, 1 SSD (dcp)      min(P(1)/g, C/g, z)           S/d          S/d + S/r
+    durable, page cache, 1 SSD (torch-save) 1/(1/min(P1(1)/g, C/g) + 1/z) S/d + S/r   = stall
+    snapshot, page cache, 1 SSD (dcp)      1/(1/min(P1(1)/g, C/g) + 1/z) S/d          S/d + S/r
+    durable, O_DIRECT, 1 SSD (fastpersist) 1/(1/w_1 + 1/z)               S/d + S/r    = stall
+
+    An engine that serialises (trait `serializes`: torch.save's zip, DCP's items, FastPersist's
+    torch.save into its writer) takes S/z for the format and then S/(write rate) for the bytes:
+    the thread that serialises an item also issues its write, so the two do not overlap, and
+    under the GIL the serialisation of several writer threads does not either: its page-cache
+    rate is the one-writer P1.
 
     host memory = host copies x S (0 gds, 1 cpu-single and torch-save, 2 cpu-double and dcp)
 
@@ -231,11 +238,11 @@ def predict(
     else:
         w_r = p.storage_Bps(m) / g
         direct = p.storage_Bps(1) / g if mapping == "shared" else min(p.storage_Bps(1), w_r)
-        one = p.page_cache_Bps(1, t.single_writer)
+        one = p.page_cache_Bps(1, t.single_writer or t.serializes)
         cache = one / g if mapping == "shared" else min(one, w_r)
     rate = min(cache, copy) if t.page_cache else direct
-    if t.serializes and p.serialize_Bps:
-        rate = min(rate, p.serialize_Bps)
+    if t.serializes and p.serialize_Bps:  # serialise, then write: one after the other
+        rate = 1 / (1 / rate + 1 / p.serialize_Bps)
     if t.from_device:  # straight from device memory: no snapshot, stalls until durable
         dur = s / min(p.link, rate)
         return Prediction(engine, dur, dur, t.host_copies * s)
