@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from bench import results
+from bench.efficiency import best_ceilings as ceilings
 from bench.efficiency import efficiency
 from bench.engines.traits import BUILTIN, Traits
 from bench.errors import UserError
@@ -23,31 +24,6 @@ from bench.errors import UserError
 # The order engines are listed in (the paper's paths, then the baselines); others follow.
 ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
 GB = 1e9
-
-
-def ceilings(env: dict[str, Any]) -> dict[str, Any] | None:
-    """The ceilings efficiencies are judged against: the best of those measured before and after
-    the sweep and of the probes between workloads (a ceiling is the best the device did; the
-    disk may drift within the hour)."""
-    before = env.get("ceilings")
-    if not before:
-        return env.get("ceilings_after")
-    out = json.loads(json.dumps(before))
-    probes = [
-        {"per_ssd_count": {str(p["n_targets"]): p}, **p}
-        for p in env.get("ceilings_probes") or []
-        if isinstance(p, dict) and "n_targets" in p
-    ]
-    for other in [env.get("ceilings_after") or {}, *probes]:
-        for n, row in other.get("per_ssd_count", {}).items():
-            dst = out.setdefault("per_ssd_count", {}).setdefault(n, {})
-            for k in ("direct_write_Bps", "buffered_write_Bps"):
-                if isinstance(row.get(k), int | float):
-                    dst[k] = max(row[k], dst.get(k) or 0)
-        for k in ("copy_Bps", "d2h_Bps", "serialize_Bps"):
-            if isinstance(other.get(k), int | float):
-                out[k] = max(other[k], out.get(k) or 0)
-    return out
 
 
 def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:

@@ -24,6 +24,7 @@ from bench import config as config_mod
 from bench import distributed as dist
 from bench import env as env_mod
 from bench.core import Core
+from bench.efficiency import rejudge_csv
 from bench.engines import REGISTRY
 from bench.errors import UserError
 
@@ -134,6 +135,12 @@ class Sweep:
         finally:
             ceiling.release(self._probe_buffers)
             core.close()
+        if w.rank == 0 and core.run_dir:
+            # the rows were judged against the ceilings before the sweep; now the run's best
+            # (after, probes) are known, the CSV says what the summary and the report say
+            n = rejudge_csv(os.path.join(core.run_dir, "results.csv"), core.env)
+            if n:
+                core.log(f"{n} rows' efficiencies judged again against the run's best ceilings")
         return core.run_dir or ""
 
     def my_targets(self, g: plan.Group) -> tuple[list[str], list[int]] | None:

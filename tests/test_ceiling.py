@@ -247,3 +247,56 @@ def test_efficiency_of_a_row() -> None:
     assert rows.efficiency({**row, "engine": "dcp", "stall_s": 0.2}, c) == (1.0, 0.5)
     assert rows.efficiency(row, None) == (None, None)
     assert rows.beaten(1.06, None) and not rows.beaten(1.05, float("nan"))
+
+
+def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> None:
+    """A row written during the sweep was judged against the ceilings before it; at the end the
+    CSV is judged again against the best of before, after and the probes (what the summary and
+    the report use), in place and atomically. A rank's unjudged row stays unjudged."""
+    from analysis import runs
+    from bench import efficiency, results
+
+    path = tmp_path / "results.csv"
+    before = {
+        "per_ssd_count": {"1": {"direct_write_Bps": 0.8e9, "buffered_write_Bps": 0.5e9}},
+        "copy_Bps": 8e9,
+    }
+    env = {
+        "ceilings": before,
+        "ceilings_after": {"per_ssd_count": {"1": {"direct_write_Bps": 1.2e9}}},
+        "ceilings_probes": [{"n_targets": 1, "copy_Bps": 12e9, "buffered_write_Bps": 0.9e9}],
+    }
+    base = {c: "" for c in results.COLUMNS}
+    gib = float(1 << 30)
+    made = []
+    for engine, stall, judged in (
+        ("cpu-single", 0.1, True),
+        ("torch-save", 1.5, True),
+        ("cpu-single", 0.1, False),
+    ):
+        r = {**base, "engine": engine, "n_targets": 1, "total_bytes": int(gib)}
+        r.update(total_s=1.5 if engine == "torch-save" else 1.0, stall_s=stall)
+        r["ceiling_beaten"] = False
+        if judged:
+            r["write_efficiency"], r["snapshot_efficiency"] = rows.efficiency(r, before)
+            r["ceiling_beaten"] = rows.beaten(r["write_efficiency"], r["snapshot_efficiency"])
+        made.append(r)
+    w = results.RowWriter(str(path))
+    for r in made:
+        w.write(r)
+    w.close()
+    assert made[0]["ceiling_beaten"]  # 1.34 x the O_DIRECT ceiling before the sweep
+    assert efficiency.rejudge_csv(str(path), {}) == 0  # no ceilings: nothing to judge against
+    assert efficiency.rejudge_csv(str(path), env) == 2
+    df = results.read_rows(str(tmp_path))
+    assert df.loc[0, "write_efficiency"] == pytest.approx(round(gib / 1.2e9, 4))
+    assert df.loc[0, "snapshot_efficiency"] == pytest.approx(round(gib / 0.1 / 12e9, 4))
+    assert df.loc[1, "write_efficiency"] == pytest.approx(round(gib / 1.5 / 0.9e9, 4))
+    assert list(df["ceiling_beaten"]) == [False, False, False]
+    assert df.loc[2, ["write_efficiency", "snapshot_efficiency"]].isna().all()
+    # the same numbers the summary and the report compute from the run
+    df["engine"] = df["engine"].astype(str)
+    again = runs.add_efficiencies(df.iloc[:2], env)
+    assert list(again["write_eff"]) == pytest.approx(list(df.loc[:1, "write_efficiency"]))
+    assert efficiency.rejudge_csv(str(path), env) == 0  # judged once is judged
+    assert not (tmp_path / "results.csv.tmp").exists()

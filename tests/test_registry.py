@@ -107,6 +107,12 @@ def test_a_copied_engine_runs_reports_and_is_modelled(copied_engine, scratch, ca
     assert len(mine) == 2 and mine["verified"].all()
     assert mine["write_efficiency"].notna().all() and mine["snapshot_efficiency"].notna().all()
     env = json.loads((run_dir / "env.json").read_text())
+    # judged again at the end against the run's best ceilings: the summary's own numbers
+    from analysis import runs
+
+    best = runs.add_efficiencies(mine, env)
+    assert list(mine["write_efficiency"]) == pytest.approx(list(best["write_eff"]))
+    assert list(mine["snapshot_efficiency"]) == pytest.approx(list(best["snapshot_eff"]))
     assert env["engines"][copied_engine]["traits"] == BUILTIN["cpu-single"].to_json()
     # Analysis knows the engine from env.json alone.
     monkeypatch.delitem(engines.ENGINES, copied_engine)
