@@ -10,6 +10,9 @@ from typing import Any
 from bench.engines.traits import Traits
 
 BEATEN = 1.05  # an efficiency above this is a finding about the ceiling, not a score
+# The columns a row's judgement fills: judged again at the end of the sweep (`rejudge_csv`),
+# while every measured column stays as written.
+JUDGED = ("write_efficiency", "snapshot_efficiency", "ceiling_beaten")
 
 
 def efficiency(
@@ -106,11 +109,13 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
             "n_targets": int(r["n_targets"]),
         }
         w, s = efficiency(num, best, spec.traits)
-        new = {
-            "write_efficiency": "" if w is None else str(w),
-            "snapshot_efficiency": "" if s is None else str(s),
-            "ceiling_beaten": str(beaten(w, s)),
-        }
+        new = dict(
+            zip(
+                JUDGED,
+                ("" if w is None else str(w), "" if s is None else str(s), str(beaten(w, s))),
+                strict=True,
+            )
+        )
         if any(r.get(k) != v for k, v in new.items()):
             changed += 1
             r.update(new)
