@@ -171,6 +171,11 @@ def md_table(headers: list[str], rows: list[list[str]]) -> str:
 def warnings_for(run: Run) -> list[str]:
     """Loud lines: what the numbers are not."""
     out = []
+    if (left := run.unfinished) is not None:
+        out.append(
+            f"This run did not finish: {left[0]} of {left[1]} saves recorded; its numbers cover "
+            f"only the cases that ran. `ckptbench run CONFIG --resume {run.path}` finishes it."
+        )
     if run.emulated:
         out.append(
             "HOST-EMULATED run (no GPU): host memory stands in for GPU memory in every "

@@ -72,6 +72,17 @@ class Run:
         return bool(self.env.get("storage", {}).get("shared_device"))
 
     @property
+    def unfinished(self) -> tuple[int, int] | None:
+        """(saves recorded, saves planned) of a sweep that never reached its end (interrupted,
+        killed, stopped by a failed case); None when it finished or its env.json predates the
+        record."""
+        sweep = self.env.get("sweep")
+        if not isinstance(sweep, dict) or sweep.get("finished", True):
+            return None
+        done = self.rows[["case_id", "warmup", "rep"]].drop_duplicates()
+        return len(done), int(sweep.get("planned_saves") or 0)
+
+    @property
     def engines(self) -> list[str]:
         return order_engines(self.ok["engine"].unique())
 

@@ -123,6 +123,9 @@ class Sweep:
                 f"run {core.run_id}: {n_saves} saves on {self.device.kind}; results in "
                 f"{core.run_dir}" + (f" ({len(self.done)} already recorded)" if self.done else "")
             )
+        if w.rank == 0:  # until the sweep ends, env.json says the run is unfinished
+            core.env["sweep"] = {"planned_saves": n_saves, "finished": False}
+            core.write_env()
         core.progress(n_saves, "ckpt" if self.ranked else "save", len(self.done))
         try:
             for g in self.groups:
@@ -141,6 +144,8 @@ class Sweep:
             n = rejudge_csv(os.path.join(core.run_dir, "results.csv"), core.env)
             if n:
                 core.log(f"{n} rows' efficiencies judged again against the run's best ceilings")
+            core.env["sweep"]["finished"] = True
+            core.write_env()
         return core.run_dir or ""
 
     def my_targets(self, g: plan.Group) -> tuple[list[str], list[int]] | None:

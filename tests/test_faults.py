@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import QUICK_CEILINGS
 
+from analysis import report, runs
 from bench import config, devices, generations, manifest, plan
 from bench.efficiency import JUDGED
 from bench.engines import create
@@ -199,6 +200,9 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
     assert f"--resume {csv.parent}" in lines[0]
     kept = pd.read_csv(csv)
     assert 3 <= len(kept) < 18 and kept["verified"].all()
+    # Its report says loudly that it is a part of a run.
+    said = report.warnings_for(runs.load(str(csv.parent)))
+    assert f"This run did not finish: {len(kept)} of 18 saves recorded" in said[0]
     # The case in flight left nothing behind on the targets.
     assert [f for f in (scratch / "tg").rglob("*") if f.is_file()] == []
 
@@ -230,6 +234,7 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
     rows = pd.read_csv(csv)
     assert len(rows) == 18 and rows["verified"].all()
     assert rows.groupby(["case_id", "warmup", "rep"]).size().max() == 1
+    assert runs.load(str(csv.parent)).unfinished is None
     # The rows from before keep what they measured; only their judgement against the run's
     # best ceilings (which the resumed part may have raised) is written again.
     measured = [c for c in kept.columns if c not in JUDGED]
