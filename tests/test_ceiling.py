@@ -176,15 +176,19 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     assert list(keep) == [4 * MiB]  # one size kept at a time
     ceiling.release(keep)
     assert keep == {}
+    runs = ceiling.PROBE_RUNS
+    assert runs >= 2
     assert calls == [
-        (2, 4 * MiB, True, 2, 4),
-        (2, 4 * MiB, False, 2, 1),
-        (2, 4 * MiB, False, 1, 1),
+        *[(2, 4 * MiB, True, 2, 4)] * runs,
+        *[(2, 4 * MiB, False, 2, 1)] * runs,
+        *[(2, 4 * MiB, False, 1, 1)] * runs,
     ]
-    assert len(drops) == 3
+    assert len(drops) == 3 * runs  # the cache dropped before every run
     assert got["n_targets"] == 2 and got["file_bytes"] == 4 * MiB
-    for key in ("direct_write", "buffered_write", "buffered_write_1", "copy"):
-        assert got[f"{key}_Bps"] > 1e6, key
+    for key in ("direct_write", "buffered_write", "buffered_write_1"):
+        assert len(got[f"{key}_runs"]) == runs
+        assert got[f"{key}_Bps"] == max(got[f"{key}_runs"]) > 1e6, key  # the best run
+    assert got["copy_Bps"] > 1e6
     assert "d2h_Bps" not in got
     assert [os.listdir(d) for d in dirs] == [[], []]
     # A chosen buffered configuration of one writer is not measured twice.
@@ -197,7 +201,7 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
         )
     finally:
         ceiling.builtin_write = real
-    assert len(calls) == 2
+    assert len(calls) == 2 * ceiling.PROBE_RUNS
     assert got["buffered_write_1_Bps"] == got["buffered_write_Bps"]
 
 
