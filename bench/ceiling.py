@@ -45,9 +45,11 @@ DIRECT_SEARCH = [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]  # (writers per
 BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]  # the defaults of bench.config.CeilingSpec
 COPY_REPS = 5
 PROBE_COPY_BYTES = 1 << 30  # the largest copy a probe measures
-# Runs of each storage write a probe takes; it keeps the best (a ceiling is the best the device
-# does). On a VM with a balloon one buffered write after a cache drop runs at either ~0.6 or
-# ~1.4 GB/s (bench/PERF.md): one run alone put the model's page-cache rate 2x off.
+# Runs of each page-cache write a probe takes; it keeps the best (a ceiling is the best the
+# device does). On a VM with a balloon one buffered write runs at either ~0.6 or ~1.4 GB/s
+# (bench/PERF.md): one run alone put the model's page-cache rate 2x off. The O_DIRECT write
+# varies less, and over 4 targets a run of it takes 8-13 s of wall time for 0.2 s of I/O here
+# (not yet understood): one run.
 PROBE_RUNS = 2
 
 
@@ -423,8 +425,8 @@ def probe(
     single writer (what torch.save and safetensors are) and the copy ceiling (median of 3, of
     at most 1 GiB, buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
     workload's rows from the probes around it, so that a disk that drifts 2x within the hour
-    drifts in the model too. Bandwidths in B/s, the best of PROBE_RUNS runs each (every run
-    kept under `{mode}_runs`). (Serialisation is left to the ceilings before and after: on
+    drifts in the model too. Bandwidths in B/s: one run of O_DIRECT, the best of PROBE_RUNS
+    of each page-cache write (every run kept under `{mode}_runs`). (Serialisation is left to the ceilings before and after: on
     these machines it is several times the disk.)"""
     write = fio_write if use_fio and fio_version() else builtin_write
     share = max(block, -(-nbytes // len(targets)) // block * block)
@@ -434,7 +436,7 @@ def probe(
         todo.append(("buffered_write_1", 1, 1))
     for mode, jobs, depth in todo:
         runs = []
-        for _ in range(PROBE_RUNS):
+        for _ in range(1 if mode == "direct_write" else PROBE_RUNS):
             if drop:
                 drop()
             direct = mode == "direct_write"
