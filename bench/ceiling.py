@@ -426,8 +426,8 @@ def probe(
     at most 1 GiB, buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
     workload's rows from the probes around it, so that a disk that drifts 2x within the hour
     drifts in the model too. Bandwidths in B/s: one run of O_DIRECT, the best of PROBE_RUNS
-    of each page-cache write (every run kept under `{mode}_runs`). (Serialisation is left to the ceilings before and after: on
-    these machines it is several times the disk.)"""
+    of each page-cache write (every run kept under `{mode}_runs`). (Serialisation is left to
+    the ceilings before and after: on these machines it is several times the disk.)"""
     write = fio_write if use_fio and fio_version() else builtin_write
     share = max(block, -(-nbytes // len(targets)) // block * block)
     out: dict[str, Any] = {"n_targets": len(targets), "file_bytes": share}
