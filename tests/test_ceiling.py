@@ -53,6 +53,26 @@ def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool, 
     assert [os.listdir(d) for d in dirs] == [[], []]
 
 
+@pytest.mark.skipif(not ceiling.fio_version(), reason="fio is not installed")
+def test_fio_queues_no_deeper_than_a_writer_has_blocks(scratch: Path, monkeypatch) -> None:
+    """fio allocates depth x block per writer: a queue deeper than the writer's blocks would
+    only fault in memory (GiBs at depth 32 over 16 MiB blocks)."""
+    dirs = _dirs(scratch, 2)
+    real = ceiling.subprocess.run
+    cmds: list[list[str]] = []
+
+    def spy(cmd, *a, **k):  # type: ignore[no-untyped-def]
+        cmds.append(cmd)
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(ceiling.subprocess, "run", spy)
+    # 8 MiB per target, 2 writers each: 4 blocks of 1 MiB per writer.
+    assert ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 32) > 1e6
+    assert ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 2) > 1e6
+    depths = [[a for a in c if a.startswith("--iodepth=")] for c in cmds]
+    assert depths == [["--iodepth=4"] * 2, ["--iodepth=2"] * 2]
+
+
 @pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
 def test_probe_honours_write_caps(scratch: Path, write) -> None:
     """Two targets capped at 16 MB/s each, 8 MiB each: about 32 MB/s in all, never faster."""
@@ -86,8 +106,15 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
     assert set(out["per_ssd_count"]) == {"1", "2"}
     for n, row in out["per_ssd_count"].items():
         assert row["file_bytes"] == 16 * MiB // int(n)  # at least min_bytes in all
+        # A queue deeper than a writer's blocks is the same run: searched once, as it ran
+        # (16 MiB over 1 target: 16, 8, 4 blocks per writer; over 2: 8, 4, 2).
+        direct = {
+            "1": [(1, 8), (1, 16), (2, 8), (4, 4)],
+            "2": [(1, 8), (2, 4), (4, 2)],
+        }[n]
+        assert ceiling.DIRECT_SEARCH == [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]
         for mode, search in (
-            ("direct_write", ceiling.DIRECT_SEARCH),
+            ("direct_write", direct),
             ("buffered_write", ceiling.BUFFERED_SEARCH),
         ):
             runs = row[f"{mode}_runs"]
@@ -99,8 +126,8 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
             # the ceiling is the best run of the chosen configuration
             assert row[f"{mode}_Bps"] == pytest.approx(max(runs + [best["Bps"]]), rel=1e-6)
             assert row[f"{mode}_median_Bps"] == pytest.approx(statistics.median(runs), rel=1e-6)
-    searched = len(ceiling.DIRECT_SEARCH) + len(ceiling.BUFFERED_SEARCH)
-    assert len(drops) == 2 * (searched + 2 * 3)  # the page cache is dropped before every run
+    searched = 4 + 3 + 2 * len(ceiling.BUFFERED_SEARCH)
+    assert len(drops) == searched + 2 * 2 * 3  # the page cache is dropped before every run
     assert out["copy_Bps"] > 1e8 and "d2h_Bps" not in out and out["copy_threads"] == 2
     assert len(out["copy_runs"]) == 5
     assert out["copy_Bps"] == pytest.approx(max(out["copy_runs"]), rel=1e-3)
