@@ -93,7 +93,7 @@ before=$(ls "$OUT_DIR")
 "$py" -m bench run configs/gpu-check.yaml -q -o "$OUT_DIR" "$@" || rc=$?
 run_dir=$(comm -13 <(echo "$before") <(ls "$OUT_DIR") | tail -1)
 echo "== the real-kvikio test"
-"$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gds_fake.py || rc=1
+"$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gds_fake.py tests/test_engines.py || rc=1
 if [[ -n $run_dir ]]; then
     "$py" scripts/gpu_table.py "$OUT_DIR/$run_dir" || rc=1
 fi

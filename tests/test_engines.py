@@ -412,6 +412,25 @@ def test_overlapped_and_serial_snapshots_round_trip(make_engine, targets, engine
     assert_same(eng.load("ckpt"), want)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", SNAPSHOT)
+def test_overlap_waits_for_a_strided_device_copy(make_engine, targets, engine):
+    """On CUDA a strided tensor goes into staging by one asynchronous copy before the chunks:
+    a chunk that holds only its bytes must not be written before that copy has landed."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    base = random_tensor((4096, 4096), torch.float32, seed=21).to("cuda")  # 64 MiB
+    state = {"transposed": base.t(), "tail": random_tensor((4097,), torch.uint8, seed=22)}
+    want = {k: v.cpu().clone() for k, v in state.items()}
+    eng = make_engine(engine, targets(2), device="cuda", overlap=True, chunk_bytes="1MiB")
+    for k in range(2):  # the second save into staging that holds the first one's bytes
+        result = eng.save(state, f"ckpt{k}").wait()
+        assert result.extra["overlap"] is True
+        assert_same(eng.load(f"ckpt{k}"), want)
+        base.add_(1)
+        want["transposed"] = base.t().cpu().clone()
+
+
 @pytest.mark.parametrize("engine", SNAPSHOT)
 def test_overlap_auto_leaves_the_copy_its_cores(make_engine, targets, engine, monkeypatch):
     """auto: overlapped only when the copy threads leave a CPU for the writes (host copies)."""

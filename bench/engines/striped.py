@@ -481,6 +481,10 @@ class SnapshotEngine(StripedEngine):
         if any(t.device.type != "cpu" for _, t in tensors):
             stream = torch.cuda.Stream(device=self.device.torch_device)
             stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
+        # `last`: the newest event on the copy stream. Its copies run in order, so a chunk waits
+        # for the newest event recorded when it is handed on: the strided copies' event, for a
+        # chunk that holds only bytes of a strided device tensor.
+        last = None
         for src, off in strided:
             dst = staging[off : off + src.numel() * src.element_size()]
             dst = dst.view(src.dtype).view(src.shape)
@@ -489,6 +493,8 @@ class SnapshotEngine(StripedEngine):
             else:
                 with torch.cuda.stream(stream):
                     dst.copy_(src, non_blocking=True)
+                    last = torch.cuda.Event()
+                    last.record(stream)
 
         # While the snapshot runs, at most `during` writes are in flight: enough to keep the
         # disk busy, few enough not to take the cores the copy needs (bench/PERF.md); all the
@@ -518,7 +524,7 @@ class SnapshotEngine(StripedEngine):
         copies: list[Future] = []
         try:
             for j in range(len(pieces)):
-                event = None
+                event = last
                 device_spans = [
                     (i, a, b)
                     for i, a, b in spans[j]
@@ -530,7 +536,7 @@ class SnapshotEngine(StripedEngine):
                             staging[a:b].copy_(
                                 srcs[i][a - offsets[i] : b - offsets[i]], non_blocking=True
                             )
-                        event = torch.cuda.Event()
+                        event = last = torch.cuda.Event()
                         event.record(stream)
                 if self._copy_pool is not None:
                     copies.append(self._copy_pool.submit(copy_chunk, j, event))
