@@ -304,8 +304,11 @@ def break_even(p: Profile, g: int | None = None) -> float:
     if p.link < d:
         return math.inf
     n = d / p.ssd_write_Bps
-    if p.shared_device or p.direct_by_n:
+    if p.shared_device:
         return 1.0 if stall_ratio(p, 1, g) <= 1 else math.inf
+    if p.direct_by_n:  # measured W(n): the fewest measured SSDs per GPU that break even
+        per_gpu = sorted({k // (g or p.gpus_sharing_host) for k, _ in p.direct_by_n} - {0})
+        return next((float(x) for x in per_gpu if stall_ratio(p, x, g) <= 1), math.inf)
     return n
 
 
@@ -743,13 +746,24 @@ def describe_break_even(p: Profile, g: int | None = None) -> str:
     n = break_even(p, g)
     d, w = snapshot_Bps(p, g) / GB, p.ssd_write_Bps / GB
     at = f" with {g} GPU(s) checkpointing at once" if g > 1 else ""
+    most = max((k for k, _ in p.direct_by_n), default=0)
     if math.isinf(n):
-        if p.shared_device or p.direct_by_n:
+        if p.shared_device:
             return (
                 f"break-even{at}: never on this storage (all targets share one device: "
                 f"{w:.2f} GB/s < d = {d:.2f} GB/s, and adding targets does not add bandwidth)"
             )
+        if p.direct_by_n and p.link >= d:
+            return (
+                f"break-even{at}: not within the measured target counts (W({most}) = "
+                f"{p.storage_Bps(most) / GB:.2f} GB/s < d = {d:.2f} GB/s)"
+            )
         return f"break-even{at}: never (GDS link L = {p.link / GB:.2f} GB/s < d = {d:.2f} GB/s)"
+    if p.direct_by_n and not p.shared_device:
+        return (
+            f"break-even{at}: {break_even_ssds(p, g)} SSDs per GPU (the fewest measured target "
+            f"count where GDS stalls no longer than a CPU-centric snapshot; d = {d:.2f} GB/s)"
+        )
     return (
         f"break-even{at}: {break_even_ssds(p, g)} SSDs per GPU (n* = d / w = {d:.2f} / {w:.2f} "
         f"= {n:.2f}, d = min(b, C/g)); GDS stalls {stall_ratio(p, p.ssds_per_gpu, g):.2f}x as "

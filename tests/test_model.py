@@ -137,6 +137,25 @@ def test_break_even_never_when_link_is_slower_or_device_shared() -> None:
     assert model.break_even_ssds(fast_disk) == 1
 
 
+def test_break_even_from_measured_target_counts_on_separate_devices() -> None:
+    """A run's profile (W(n) measured per target count, distinct devices): the break-even is
+    the fewest measured count where GDS stalls no longer, not "never, one shared device"."""
+    measured = ((1, 3 * GB), (2, 6 * GB), (4, 12 * GB))  # d = min(b, C/g) = 10 GB/s
+    p = prof(gpus_sharing_host=1, d2h_Bps=10 * GB, direct_by_n=measured)
+    assert model.stall_ratio(p, 2) > 1 >= model.stall_ratio(p, 4)
+    assert model.break_even(p) == 4.0 and model.break_even_ssds(p) == 4
+    said = model.describe_break_even(p)
+    assert said.startswith("break-even: 4 SSDs per GPU (the fewest measured target count")
+    short = prof(gpus_sharing_host=1, d2h_Bps=10 * GB, direct_by_n=measured[:2])
+    assert math.isinf(model.break_even(short))
+    assert "not within the measured target counts (W(2) = 6.00 GB/s < d = 10.00 GB/s)" in (
+        model.describe_break_even(short)
+    )
+    shared = prof(gpus_sharing_host=1, d2h_Bps=10 * GB, direct_by_n=measured, shared_device=True)
+    assert math.isinf(model.break_even(shared))
+    assert "all targets share one device" in model.describe_break_even(shared)
+
+
 def test_checkpoint_plan_is_young_daly_held_back_to_the_persist_time() -> None:
     p = prof(gpus_sharing_host=1)
     m = 10 * 3600
