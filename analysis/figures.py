@@ -375,10 +375,14 @@ def feasibility(
 
 @styled
 def lost_fraction(
-    prof: model.Profile, traits: dict[str, Any] | None = None, restart_s: float = 0.0
+    prof: model.Profile,
+    traits: dict[str, Any] | None = None,
+    restart_s: float = 0.0,
+    run: Run | None = None,
 ) -> Figure:
     """Expected fraction of training time lost to checkpoint stalls and rework against the mean
-    time between failures, per engine, each at its own best interval (`model.plan`)."""
+    time between failures, per engine, each at its own best interval (`model.plan`); with the
+    run the profile was calibrated from, its footer (run id, HOST-EMULATED when it was)."""
     fig, axes = _new(COL1, 2.7)
     ax = axes[0][0]
     hours = np.logspace(0, 3, 40)
@@ -405,13 +409,14 @@ def lost_fraction(
         fontsize=7,
     )
     ax.legend(fontsize=6)
-    fig.text(
-        0.01,
-        0.01,
+    how = (
         "Young/Daly interval with the stall as the checkpoint cost; a "
-        "background persist bounds the interval from below",
-        fontsize=5,
+        "background persist bounds the interval from below"
     )
+    if run is not None:
+        footer(fig, run, how + "; calibrated from this run")
+    else:
+        fig.text(0.01, 0.01, how, fontsize=5)
     return fig
 
 

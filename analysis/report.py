@@ -564,7 +564,7 @@ def build(
         made["contention"] = figures.contention(run, this)
     if this is not None:
         made["lost_fraction"] = figures.lost_fraction(
-            this, {e: t for e in run.engines if (t := run.traits(e)) is not None}
+            this, {e: t for e in run.engines if (t := run.traits(e)) is not None}, run=run
         )
     paths: list[str] = []
     for stem, fig in made.items():

@@ -343,6 +343,18 @@ def test_feasibility_figure(run: runs.Run) -> None:
     assert "today's 8-GPU servers: ~1 data SSD per GPU" in legend
 
 
+def test_lost_fraction_figure_of_a_run_says_it_is_emulated(run: runs.Run) -> None:
+    this = model.from_run(run)
+    fig = figures.lost_fraction(this, run=run)
+    ax = fig.get_axes()[0]
+    assert ax.get_xlabel() == "mean time between failures (hours, log scale)"
+    assert [ln.get_label() for ln in labelled(ax)] == [pl.engine for pl in model.plan(this, 3600)]
+    assert f"run {run.run_id}" in fig.get_supxlabel()
+    assert "HOST-EMULATED" in fig.get_supxlabel()
+    # A profile alone (`ckptbench model`) is a model, not a run: no run footer.
+    assert fig.get_supxlabel() != figures.lost_fraction(this).get_supxlabel()
+
+
 def test_timeline_figure(run: runs.Run) -> None:
     fig = figures.timeline(run)
     ax = fig.get_axes()[0]
