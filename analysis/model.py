@@ -419,7 +419,8 @@ def _ceiling(env: dict[str, Any], key: str) -> float | None:
 
 def from_run(run: Any) -> Profile:
     """'This machine' calibrated from a measured run (analysis.runs.Run): from its device
-    ceilings (the best of before and after the sweep), never from the engines' own rows, so that
+    ceilings (what each typically did: the median of its runs, the mean of before and after the
+    sweep), never from the engines' own rows, so that
     `model_vs_measured` is a prediction. b: the device-to-host ceiling (host-emulated: the copy
     ceiling, with the snapshot's threads); C: the copy ceiling; W(n) and P(n): the O_DIRECT and
     buffered + fsync ceilings of n targets; z: the torch.save ceiling. A run without ceilings
@@ -468,7 +469,10 @@ def from_run(run: Any) -> Profile:
         ]
         if ones:
             single.append((n, float(np.mean(ones))))
-    copy = float(np.mean([v for v in (typical(c, "copy"), typical(after, "copy")) if v]))
+    copies = [v for v in (typical(c, "copy"), typical(after, "copy")) if v]
+    if not direct or not copies:  # a ceiling that failed (env.json ceilings_error)
+        return _from_rows(run)
+    copy = float(np.mean(copies))
     d2h = float(np.mean([v for v in (typical(c, "d2h"), typical(after, "d2h")) if v] or [copy]))
     ser = [v for v in (typical(c, "serialize"), typical(after, "serialize")) if v]
     n_min, w_min = direct[0]

@@ -266,6 +266,20 @@ def test_from_run_prefers_env_ceilings() -> None:
     assert "ceilings" in p.sources["d2h_GBps"][1]
 
 
+def test_from_run_without_a_write_or_copy_ceiling_falls_back_on_the_rows() -> None:
+    """A ceiling that failed (per_ssd_count without O_DIRECT, or no copy runs): the rows
+    calibrate the model, and its sources say so, instead of a traceback or a NaN."""
+    run = runs.load(str(DEFAULT))
+    for ceilings in (
+        {"copy_Bps": 9e9, "copy_runs": [9e9], "per_ssd_count": {"1": {"buffered_write_Bps": 1e9}}},
+        {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "direct_write_runs": [2e9]}}},
+    ):
+        p = model.from_run(dataclasses.replace(run, env=dict(run.env, ceilings=ceilings)))
+        assert all(math.isfinite(v) and v > 0 for v in (p.d2h_Bps, p.host_copy_Bps))
+        assert math.isfinite(p.ssd_write_Bps) and p.ssd_write_Bps > 0
+        assert "cpu-single" in p.sources["d2h_GBps"][1] or "ceilings" in p.sources["d2h_GBps"][1]
+
+
 def test_from_run_predicts_with_the_typical_ceiling_runs_not_the_best() -> None:
     """The model predicts medians: the copy and write rates are the medians of the ceiling runs
     (before and after the sweep, averaged), not the best run the efficiencies are judged by."""
