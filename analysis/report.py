@@ -328,7 +328,7 @@ def model_frame(run: Run, this: model.Profile) -> pd.DataFrame:
                 "durable_measured_s": r["total_s"],
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=[*MODEL_CSV[:3], "mode", *MODEL_CSV[3:]])
 
 
 MODEL_CSV = [

@@ -477,6 +477,11 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
     predicted = S / this.d2h_Bps
     assert cs[4] == stats.fmt(predicted)
     assert cs[6] == f"{100 * (predicted - 0.091066) / 0.091066:+.0f}"
+    # No engine the model knows: an empty table with the same columns, not a KeyError.
+    unknown = dataclasses.replace(run, ok=run.ok.assign(engine="mystery"))
+    empty = report.model_frame(unknown, this)
+    assert empty.empty and list(empty[report.MODEL_CSV].columns) == report.MODEL_CSV
+    assert report.model_errors(empty).empty
 
 
 def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
