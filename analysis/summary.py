@@ -91,7 +91,7 @@ def ceiling_lines(env: dict[str, Any]) -> list[str]:
     lines.append(
         "  write_eff: bytes / (save() until durable) over the ceiling of the engine's "
         "kind of write; snapshot_eff: bytes / stall over the copy ceiling; against the "
-        "better of before and after"
+        "best of before, after and the probes between workloads"
     )
     return lines
 

@@ -329,7 +329,7 @@ class Sweep:
         core.env["ceilings_after"] = after
         for d in ceiling.drift(before, after):
             core.note(
-                f"the disk drifted during the run: {d}; efficiencies use the better of the two"
+                f"the disk drifted during the run: {d}; efficiencies use the run's best ceiling"
             )
         core.write_env()
 

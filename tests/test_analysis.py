@@ -148,7 +148,7 @@ def test_summary_rows_mark_every_row_emulated(run: runs.Run) -> None:
 
 def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run) -> None:
     """write eff = bytes / total_s over the engine's kind of write for the targets it wrote;
-    snapshot eff = bytes / stall over the copy ceiling; the better of before and after."""
+    snapshot eff = bytes / stall over the copy ceiling; the best of before, after and the probes."""
     per_n = {
         "1": {"direct_write_Bps": 3.0e9, "buffered_write_Bps": 2.0e9},
         "2": {"direct_write_Bps": 3.5e9, "buffered_write_Bps": 2.5e9},
