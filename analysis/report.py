@@ -193,6 +193,14 @@ def warnings_for(run: Run) -> list[str]:
         out.append(
             "All targets share one device: SSD-count scaling on this run is not real scaling."
         )
+    if "restore_resident_bytes" in run.ok:
+        resident = pd.to_numeric(run.ok["restore_resident_bytes"], errors="coerce").fillna(0)
+        if (resident > 0).any():
+            out.append(
+                f"{int((resident > 0).sum())} restore(s) began with part of the checkpoint still "
+                f"in the page cache (up to {resident.max() / 2**20:.1f} MiB, mincore after "
+                "eviction): their restore bandwidth is partly a memory read."
+            )
     bad = {k: v for k, v in run.excluded.items() if k != "warm-up" and v}
     if bad:
         out.append(

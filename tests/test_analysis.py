@@ -477,6 +477,15 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
     predicted = S / this.d2h_Bps
     assert cs[4] == stats.fmt(predicted)
     assert cs[6] == f"{100 * (predicted - 0.091066) / 0.091066:+.0f}"
+    # A restore that found its checkpoint partly cached is said, loudly.
+    assert not any("page cache" in w for w in report.warnings_for(run))
+    resident = run.ok.copy()
+    resident.loc[resident.index[:2], "restore_resident_bytes"] = [4096, 3 << 20]
+    said = report.warnings_for(dataclasses.replace(run, ok=resident))
+    assert "2 restore(s) began with part of the checkpoint still in the page cache (up to " in (
+        " ".join(said)
+    )
+    assert "3.0 MiB" in " ".join(said)
     # No engine the model knows: an empty table with the same columns, not a KeyError.
     unknown = dataclasses.replace(run, ok=run.ok.assign(engine="mystery"))
     empty = report.model_frame(unknown, this)
