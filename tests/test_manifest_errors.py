@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -541,3 +542,36 @@ def test_marker_of_a_committed_save_goes_with_its_generation(make_engine, target
         d: len(files) for d, files in committed.items()
     }
     assert all(second.save_id in "".join(files) for d, files in after.items() if files)
+
+
+@pytest.mark.parametrize("engine", ["cpu-single", "cpu-double"])
+def test_the_leftover_scan_and_the_marker_wait_until_the_stall_is_over(
+    make_engine, targets, monkeypatch, engine
+):
+    """The stall is the snapshot: cleaning what interrupted saves left and marking this save
+    running happen in the background, before the first data file, not while training waits.
+    The scan is held until save() has returned; the old layout (scan inside save()) fails the
+    hold's wait."""
+    dirs = targets(2)
+    eng = make_engine(engine, dirs, chunk_bytes="8KiB", overlap=False)
+    eng.save(random_state(1), "ckpt").wait()
+    left = leave_interrupted_save(engine, dirs, "ckpt", KILLED)
+    returned, scanning = threading.Event(), threading.Event()
+    real = generations.leftovers
+
+    def held(*args: Any, **kwargs: Any) -> list[str]:
+        scanning.set()
+        assert returned.wait(30), "the leftover scan ran inside save()"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generations, "leftovers", held)
+    new = random_state(2)
+    pending = eng.save(new, "ckpt")
+    returned.set()
+    assert scanning.wait(30)
+    result = pending.wait()
+    monkeypatch.setattr(generations, "leftovers", real)
+    assert not any(os.path.exists(p) for p in left)
+    assert generations.leftovers(dirs, "ckpt") == []
+    assert manifest_json(dirs)["save_id"] == result.save_id
+    assert_equal_state(eng.load("ckpt"), new)

@@ -359,6 +359,7 @@ class Gds(StripedEngine):
         files: dict[int, Any] = {}
         futures: list[Any] = []
         device_mem = {id(m) for m, d in zip(mems, dev, strict=True) if d}
+        self._prepare(result)
         with kvikio.defaults.set(settings):
             try:
                 for t in file_bytes:

@@ -116,7 +116,7 @@ class StripedEngine:
         )
         result.save_id = manifest.new_save_id()
         pending = PendingSave(result, t0)
-        self._begin(name, result.save_id)
+        generations.claim(self.targets, name)  # a refusal raises here, before anything is written
         try:
             with torch.no_grad():
                 self._save(pending, tree, tensors, entries)
@@ -132,12 +132,13 @@ class StripedEngine:
     def gds_mode(self) -> str:
         return "none"
 
-    def _begin(self, name: str, save_id: str) -> None:
-        """Claim `name` on the targets (refused if another target list holds it), remove what
-        interrupted saves of `name` left behind, then mark this save running."""
-        generations.claim(self.targets, name)
-        generations.remove_files(generations.leftovers(self.targets, name))
-        generations.begin(self.targets, name, save_id)
+    def _prepare(self, result: SaveResult) -> None:
+        """Remove what interrupted saves of the name left behind, then mark this save running.
+        Called just before this save's first file is opened, so that the marker comes before
+        any data: on the snapshot engines that is in the background, after the stall (the
+        scan reads the committed manifest, ~1 ms of a 256-tensor state's stall otherwise)."""
+        generations.remove_files(generations.leftovers(self.targets, result.name))
+        generations.begin(self.targets, result.name, result.save_id)
 
     def _abort(self, name: str, save_id: str) -> None:
         """A failed save removes its own files; the committed generation stays as it was."""
@@ -204,7 +205,9 @@ class StripedEngine:
         entry.xxh3 = checksums.checksum(view)
 
     def _open(self, result: SaveResult, file_bytes: dict[int, int]) -> dict[int, int]:
-        """Open this save's data file on every target that gets data."""
+        """Mark this save running (`_prepare`), then open its data file on every target that
+        gets data."""
+        self._prepare(result)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.o_direct else 0)
         fds: dict[int, int] = {}
         try:
@@ -366,8 +369,15 @@ class StripedEngine:
 
 
 def _host_bytes(t: torch.Tensor) -> np.ndarray:
-    """The bytes of a contiguous host tensor as a flat uint8 array (no copy)."""
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
+    """The bytes of a contiguous host tensor as a flat uint8 array (no copy). Through numpy
+    where it has the dtype (about half the cost of torch's reshape and view: ~2.5 vs ~4 us a
+    tensor, inside the stall), through torch for the dtypes numpy lacks (bfloat16, float8)."""
+    t = t.detach()
+    try:
+        a = t.numpy()
+    except (TypeError, RuntimeError):  # a dtype numpy lacks; a conjugate or negative view
+        return t.reshape(-1).view(torch.uint8).numpy()
+    return a.reshape(-1).view(np.uint8)
 
 
 class SnapshotEngine(StripedEngine):
