@@ -62,7 +62,9 @@ def ceiling_lines(env: dict[str, Any]) -> list[str]:
         return []
     after = env.get("ceilings_after") or {}
     head = (
-        f"ceilings ({c['tool']}, {sizes.format_size(c['block_bytes'])} writes, best of "
+        f"ceilings ({c['tool']}"
+        + (f" writing from {c['fio_buffers']}" if c.get("fio_buffers") else "")
+        + f", {sizes.format_size(c['block_bytes'])} writes, best of "
         f"{c.get('repetitions', 1)} runs after a search; before"
         + (" / after the sweep" if after else "")
         + "): copy into a warm buffer "

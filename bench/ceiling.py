@@ -7,7 +7,8 @@ for the kind of work the engines do, so that every engine row can be read as a f
   preallocate** and filled with random bytes:
   - O_DIRECT: a small search over writers per target (1, 2, 4; each its own part of the file)
     and queue depth (8, 16, 32), with fio (`direct=1, ioengine=libaio`) when it is installed,
-    else a built-in probe (threads with pwrite: depth is the thread count);
+    else a built-in probe (threads with pwrite: depth is the thread count); both write from
+    transparent huge pages, as the engines' staging does (`fio_env`);
   - buffered write ended by fsync (fio `direct=0, ioengine=psync, end_fsync=1`), writers 1, 2, 4.
   The best configuration of the search is then run `repetitions` times; the ceiling is the best
   run (every run and the search are kept). Which tool ran is recorded.
@@ -62,6 +63,43 @@ def fio_version() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+# glibc's tunable that advises malloc's large mappings MADV_HUGEPAGE (glibc 2.35 and newer)
+MALLOC_HUGETLB = "glibc.malloc.hugetlb=1"
+
+
+def _glibc_version() -> tuple[int, int] | None:
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # "glibc 2.36"
+        major, minor = version.split(".")[:2]
+        return int(major), int(minor)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fio_env() -> tuple[dict[str, str], str]:
+    """fio's environment, and the pages its write buffers come from.
+
+    fio mallocs its buffers (its default `mem=malloc`), and glibc maps them with 4 KiB pages,
+    so an O_DIRECT write of 16 MiB pins 4096 pages where the engines, writing from staging on
+    transparent huge pages (bench.odirect.HostBuffer), pin 8. On the development VM that alone
+    held fio to 2.2 GB/s on a disk its huge-page runs wrote at 3.7 (bench/PERF.md): a ceiling
+    below what the engines reach. glibc's `glibc.malloc.hugetlb=1` advises malloc's mappings
+    MADV_HUGEPAGE, so fio writes from huge pages too (where THP is not `never`)."""
+    from bench.env import thp_mode
+
+    env = dict(os.environ)
+    glibc = _glibc_version()
+    mode = thp_mode()
+    if mode in (None, "never"):
+        return env, f"4 KiB pages (transparent huge pages: {mode or 'unknown'})"
+    if glibc is None or glibc < (2, 35):
+        return env, "4 KiB pages (no glibc.malloc.hugetlb before glibc 2.35)"
+    have = env.get("GLIBC_TUNABLES", "")
+    if MALLOC_HUGETLB not in have.split(":"):
+        env["GLIBC_TUNABLES"] = f"{have}:{MALLOC_HUGETLB}" if have else MALLOC_HUGETLB
+    return env, f"transparent huge pages ({MALLOC_HUGETLB})"
 
 
 def random_bytes(n: int, seed: int = 0, out: np.ndarray | None = None) -> np.ndarray:
@@ -122,7 +160,8 @@ def fio_write(
 ) -> float:
     """Aggregate write bandwidth (bytes/s) of fio writing one preallocated file per target, each
     by `jobs` writers on their own part of it, to durability (`end_fsync`, counted in fio's
-    runtime); a capped target gets fio's `rate` limit, shared by its writers. A writer's queue
+    runtime), from buffers on huge pages (`fio_env`); a capped target gets fio's `rate` limit,
+    shared by its writers. A writer's queue
     is never deeper than the blocks it has to write: fio allocates depth x block of buffer per
     writer, and 16 writers at depth 32 over 16 MiB blocks faulted in 8 GiB for 256 MiB of I/O
     (12.7 s of wall time, 21 s of system time, for a run whose I/O took 0.2 s)."""
@@ -152,7 +191,7 @@ def fio_write(
         rate = [f"--rate={max(1, cap // jobs)}"] if cap else []
         cmd += [f"--name=t{i}", f"--filename={f}", *common, *rate]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=fio_env()[0])
         if out.returncode:
             raise RuntimeError(f"fio failed: {out.stderr.strip()[:300]}")
         job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]
@@ -409,6 +448,7 @@ def measure(
     return {
         "tool": version or "builtin",
         "fio": fio_version(),
+        **({"fio_buffers": fio_env()[1]} if version else {}),
         "block_bytes": block,
         "checkpoint_bytes": checkpoint_bytes,
         "min_bytes": min_bytes,

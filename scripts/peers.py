@@ -30,6 +30,7 @@ from bench.verify import first_difference, first_tensor_difference
 from bench.workloads import synthetic_state
 
 COPY = "copy ceiling (warm buffer, best of 5)"
+FIO = "fio O_DIRECT libaio qd16 bs 8m end_fsync"
 OURS = "cpu-single (ckptbench defaults)"
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("cpu-single", OURS, {}),
@@ -43,7 +44,8 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
 
 def fio_disk(target: str, nbytes: int) -> float:
     """Seconds fio takes to write `nbytes` with O_DIRECT, libaio qd16, 8 MiB blocks, end_fsync,
-    into a preallocated file."""
+    into a preallocated file, from buffers on huge pages as cpu-single's staging
+    (bench.ceiling.fio_env)."""
     path = os.path.join(target, ".ckptbench-peers-fio")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -70,6 +72,7 @@ def fio_disk(target: str, nbytes: int) -> float:
             text=True,
             timeout=600,
             check=True,
+            env=ceiling.fio_env()[0],
         )
         w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["write"]
         return float(w["runtime"]) / 1e3
@@ -147,7 +150,7 @@ def main() -> int:
             rows.append(
                 {
                     "rep": rep,
-                    "method": "fio O_DIRECT libaio qd16 bs 8m end_fsync",
+                    "method": FIO,
                     "engine": "fio",
                     "stall_s": "",
                     "durable_s": t,
@@ -164,12 +167,15 @@ def main() -> int:
     envb.update(
         device={"kind": dev.kind, "emulated": dev.emulated}, copy_ceilings=copies, size_bytes=size
     )
+    if has_fio:
+        envb["fio_buffers"] = ceiling.fio_env()[1]
     results.write_json(os.path.join(run_dir, "env.json"), envb)
     copy_s = [size / c["copy_Bps"] for c in copies]
     print(
         f"\n{sizes.format_size(size)} of {a.tensor} tensors, one target, {a.reps} alternating "
         f"repetitions ({dev.kind}); copy ceiling {min(copy_s):.3f}-{max(copy_s):.3f} s "
         f"({threads} threads, measured in every repetition)"
+        + (f"; fio writes from {ceiling.fio_env()[1]}" if has_fio else "")
     )
     print("| method | stall s | durable s | median GB/s to durability |")
     print("|---|---|---|---|")
@@ -190,7 +196,7 @@ def main() -> int:
         if not st:
             stall = ""
         print(f"| {label} | {stall} | {min(d):.2f}-{max(d):.2f} | {size / med[label] / 1e9:.2f} |")
-    fio = med.get("fio O_DIRECT libaio qd16 bs 8m end_fsync")
+    fio = med.get(FIO)
     ours = med.get(OURS)
     if fio and ours:
         # Each rep's stall over the same rep's copy ceiling, then the median of those ratios.

@@ -53,6 +53,63 @@ def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool, 
     assert [os.listdir(d) for d in dirs] == [[], []]
 
 
+def test_fio_env_asks_glibc_for_huge_pages(monkeypatch) -> None:
+    """fio's buffers on huge pages where THP and glibc allow it; a user's own tunables kept."""
+    from bench import env as env_mod
+
+    monkeypatch.setattr(env_mod, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(ceiling, "_glibc_version", lambda: (2, 36))
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    env, pages = ceiling.fio_env()
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert pages == "transparent huge pages (glibc.malloc.hugetlb=1)"
+    monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])
+    assert ceiling.fio_env()[0]["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]  # not twice
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert ceiling.fio_env()[0]["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+
+    monkeypatch.setattr(env_mod, "thp_mode", lambda: "never")
+    env, pages = ceiling.fio_env()
+    assert "GLIBC_TUNABLES" not in env
+    assert pages == "4 KiB pages (transparent huge pages: never)"
+    monkeypatch.setattr(env_mod, "thp_mode", lambda: "always")
+    monkeypatch.setattr(ceiling, "_glibc_version", lambda: (2, 31))
+    env, pages = ceiling.fio_env()
+    assert "GLIBC_TUNABLES" not in env and "glibc 2.35" in pages
+
+
+def test_the_glibc_tunable_puts_malloc_memory_on_huge_pages() -> None:
+    """What fio_env relies on, in real child processes: with the tunable a large buffer from
+    malloc (as fio's) is backed by transparent huge pages once touched; without it, under THP
+    `madvise`, it is not (numpy is no witness: it advises its own large arrays)."""
+    import subprocess
+    import sys
+
+    from bench import env as env_mod
+
+    env, pages = ceiling.fio_env()
+    if not pages.startswith("transparent"):
+        pytest.skip(f"no huge pages for malloc here: {pages}")
+    child = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\n"
+        "p = libc.malloc(64 << 20); ctypes.memset(p, 1, 64 << 20)\n"
+        "rollup = open('/proc/self/smaps_rollup').read().splitlines()\n"
+        "print(next(int(l.split()[1]) for l in rollup if l.startswith('AnonHugePages:')))\n"
+    )
+
+    def huge_kb(env: dict[str, str]) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", child], env=env, capture_output=True, text=True, check=True
+        )
+        return int(out.stdout)
+
+    assert huge_kb(env) >= 2048  # kB: at least one 2 MiB page
+    if env_mod.thp_mode() == "madvise":
+        plain = {k: v for k, v in env.items() if k != "GLIBC_TUNABLES"}
+        assert huge_kb(plain) == 0
+
+
 @pytest.mark.skipif(not ceiling.fio_version(), reason="fio is not installed")
 def test_fio_queues_no_deeper_than_a_writer_has_blocks(scratch: Path, monkeypatch) -> None:
     """fio allocates depth x block per writer: a queue deeper than the writer's blocks would
@@ -61,8 +118,11 @@ def test_fio_queues_no_deeper_than_a_writer_has_blocks(scratch: Path, monkeypatc
     real = ceiling.subprocess.run
     cmds: list[list[str]] = []
 
+    envs: list[dict[str, str]] = []
+
     def spy(cmd, *a, **k):  # type: ignore[no-untyped-def]
         cmds.append(cmd)
+        envs.append(k.get("env"))
         return real(cmd, *a, **k)
 
     monkeypatch.setattr(ceiling.subprocess, "run", spy)
@@ -71,6 +131,7 @@ def test_fio_queues_no_deeper_than_a_writer_has_blocks(scratch: Path, monkeypatc
     assert ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 2) > 1e6
     depths = [[a for a in c if a.startswith("--iodepth=")] for c in cmds]
     assert depths == [["--iodepth=4"] * 2, ["--iodepth=2"] * 2]
+    assert envs == [ceiling.fio_env()[0]] * 2  # its buffers on huge pages where they can be
 
 
 @pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
