@@ -8,6 +8,7 @@ the rows; analysis reads them.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import socket
 from typing import Any
@@ -105,7 +106,12 @@ def save_phase(
 ) -> None:
     """Save `state` as `name` and wait until durable, sampling memory; fills the row's save
     columns. `after_save()`, if given, runs between save() returning and the wait (a hook for
-    fault injection). Raises what the save raised."""
+    fault injection). Raises what the save raised.
+
+    The cyclic garbage of what ran before (the last restore, a library's internals) is
+    collected first, untimed: a collection that the save's own allocations set off would
+    otherwise free it inside this save's stall (bench/PERF.md)."""
+    gc.collect()
     sampler = measure.Sampler()
     sampler.start()
     try:

@@ -27,38 +27,46 @@ _SCALARS = (int, float, str, bool, type(None))
 
 
 def flatten(state: Any) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
-    """Encode a state tree as JSON nodes; tensors are replaced by indexes into the list returned."""
+    """Encode a state tree as JSON nodes; tensors are replaced by indexes into the list returned.
+
+    Plain recursion over module functions, no closures: a recursive closure refers to itself
+    through its cell, and that cycle kept the list of tensors (a whole restored state) alive
+    until the cyclic collector ran, which then freed it inside a later save's stall (a 256 MiB
+    state: 80-140 ms of a 17 ms snapshot; bench/PERF.md)."""
     tensors: list[tuple[str, torch.Tensor]] = []
+    return _enc(state, "", tensors), tensors
 
-    def enc_key(k: Any, path: str) -> Any:
-        if isinstance(k, _SCALARS):
-            return {"v": k}
-        if isinstance(k, tuple):
-            return {"tuple": [enc_key(x, path) for x in k]}
-        raise UserError(f"state{path}: cannot store a key of type {type(k).__name__}")
 
-    def enc(obj: Any, path: str) -> Any:
-        if isinstance(obj, torch.Tensor):
-            if obj.is_sparse or obj.layout != torch.strided:
-                raise UserError(f"state{path}: only dense (strided) tensors can be stored")
-            tensors.append((path, obj))
-            return {"T": len(tensors) - 1}
-        if isinstance(obj, dict):
-            tag = "odict" if isinstance(obj, OrderedDict) else "dict"
-            if type(obj) not in (dict, OrderedDict):
-                raise UserError(f"state{path}: cannot store a {type(obj).__name__}")
-            return {tag: [[enc_key(k, path), enc(v, f"{path}[{k!r}]")] for k, v in obj.items()]}
-        if type(obj) in (list, tuple):
-            tag = "list" if isinstance(obj, list) else "tuple"
-            return {tag: [enc(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
-        if isinstance(obj, _SCALARS):
-            return {"v": obj}
-        raise UserError(
-            f"state{path}: cannot store a value of type {type(obj).__name__} "
-            "(tensors, dicts, lists, tuples, ints, floats, bools, strings and None can)"
-        )
+def _enc_key(k: Any, path: str) -> Any:
+    if isinstance(k, _SCALARS):
+        return {"v": k}
+    if isinstance(k, tuple):
+        return {"tuple": [_enc_key(x, path) for x in k]}
+    raise UserError(f"state{path}: cannot store a key of type {type(k).__name__}")
 
-    return enc(state, ""), tensors
+
+def _enc(obj: Any, path: str, tensors: list[tuple[str, torch.Tensor]]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_sparse or obj.layout != torch.strided:
+            raise UserError(f"state{path}: only dense (strided) tensors can be stored")
+        tensors.append((path, obj))
+        return {"T": len(tensors) - 1}
+    if isinstance(obj, dict):
+        tag = "odict" if isinstance(obj, OrderedDict) else "dict"
+        if type(obj) not in (dict, OrderedDict):
+            raise UserError(f"state{path}: cannot store a {type(obj).__name__}")
+        return {
+            tag: [[_enc_key(k, path), _enc(v, f"{path}[{k!r}]", tensors)] for k, v in obj.items()]
+        }
+    if type(obj) in (list, tuple):
+        tag = "list" if isinstance(obj, list) else "tuple"
+        return {tag: [_enc(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, _SCALARS):
+        return {"v": obj}
+    raise UserError(
+        f"state{path}: cannot store a value of type {type(obj).__name__} "
+        "(tensors, dicts, lists, tuples, ints, floats, bools, strings and None can)"
+    )
 
 
 def unflatten(node: Any, tensors: list[torch.Tensor]) -> Any:

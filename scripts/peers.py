@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import os
 import statistics
@@ -121,6 +122,7 @@ def main() -> int:
             }
         )
         for name, label, eng in made:
+            gc.collect()  # the last restore's garbage is not this save's (bench.rows.save_phase)
             measure.drop_page_cache()
             res = eng.save(state, f"peers-{rep}").wait()
             loaded = eng.load(f"peers-{rep}", device=str(dev.torch_device))

@@ -314,6 +314,33 @@ def test_training_state_round_trip(make_engine, targets, engine):
     assert loaded["model"]["1.num_batches_tracked"].dtype == torch.int64
 
 
+@pytest.mark.parametrize("engine", STRIPED)
+def test_no_reference_cycle_keeps_a_restored_state_alive(make_engine, targets, engine):
+    """With the cyclic collector off, a restored state is freed as soon as the caller drops
+    it: save, load, check and compare leave no cycle that holds its tensors. Such a cycle (in
+    flatten) was freed by a later collection, inside a later save's stall (bench/PERF.md)."""
+    import gc
+    import weakref
+
+    from bench import verify
+
+    state = training_state()
+    eng = make_engine(engine, targets(2), chunk_bytes="8KiB")
+    eng.save(state, "ckpt").wait()
+    gc.collect()
+    gc.disable()
+    try:
+        loaded = eng.load("ckpt", checksums=False)
+        eng.check("ckpt", loaded)
+        assert verify.first_difference(state, loaded) is None
+        refs = [weakref.ref(t) for _, t in iter_tensors(loaded)]
+        assert refs
+        del loaded
+        assert [r for r in refs if r() is not None] == []
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("engine", STRIPED)
 def test_targets_round_trip(make_engine, targets, engine, n):
