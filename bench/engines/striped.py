@@ -116,7 +116,9 @@ class StripedEngine:
         )
         result.save_id = manifest.new_save_id()
         pending = PendingSave(result, t0)
-        generations.claim(self.targets, name)  # a refusal raises here, before anything is written
+        # A refusal raises here, before anything is written; the claim itself is written by
+        # `_prepare`, with this save's first file (out of the stall on the snapshot engines).
+        generations.check_claim(self.targets, name)
         try:
             with torch.no_grad():
                 self._save(pending, tree, tensors, entries)
@@ -133,10 +135,14 @@ class StripedEngine:
         return "none"
 
     def _prepare(self, result: SaveResult) -> None:
-        """Remove what interrupted saves of the name left behind, then mark this save running.
-        Called just before this save's first file is opened, so that the marker comes before
-        any data: on the snapshot engines that is in the background, after the stall (the
-        scan reads the committed manifest, ~1 ms of a 256-tensor state's stall otherwise)."""
+        """Claim the name for these targets (checked again: a list that claimed it since save()
+        began is refused here, before any file of this save exists), remove what interrupted
+        saves of the name left behind, then mark this save running. Called just before this
+        save's first file is opened, so that claim and marker come before any data: on the
+        snapshot engines that is in the background, after the stall (the claim creates the
+        name's folders and writes a record, 0.3 ms here and 1-1.5 ms right after a cache drop;
+        the leftover scan reads the committed manifest, ~1 ms for 256 tensors)."""
+        generations.claim(self.targets, result.name)
         generations.remove_files(generations.leftovers(self.targets, result.name))
         generations.begin(self.targets, result.name, result.save_id)
 
