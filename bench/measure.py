@@ -81,11 +81,15 @@ def now_ns() -> int:
 
 
 def drop_page_cache() -> str | None:
-    """Drop the whole page cache (needs root); None on success, else why it was not dropped."""
+    """Drop the whole page cache (needs root); None on success, else why it was not dropped.
+
+    The page cache only (`1`), not the dentries and inodes as well (`3`): a training loop's
+    checkpoint folders stay hot, and with them dropped the next save read its folders back
+    from the disk inside its stall (0.5-1.5 ms here, of a 17 ms snapshot)."""
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+            f.write("1\n")
         return None
     except OSError as e:
         return f"could not drop the page cache ({e.strerror}); run as root to drop it"
