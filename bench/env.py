@@ -8,6 +8,7 @@ driver and PCIe link; kvikio and cuFile versions and mode; package versions; git
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import os
 import platform
@@ -212,7 +213,31 @@ def vm_info() -> dict[str, Any]:
         "thp": thp_mode(),
         # torch's CPU allocator on transparent huge pages when set to 1 (bench/PERF.md)
         "torch_thp_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+        "damon": damon_actions(),
     }
+
+
+def damon_actions(root: str = "/sys/kernel/mm/damon/admin/kdamonds") -> list[str] | None:
+    """The actions of the kernel's running DAMON schemes (e.g. `pageout`: proactive reclaim of
+    cold memory, on the development VM for cold page cache), a background actor beside the
+    benchmark; None where DAMON's sysfs is absent."""
+    if not os.path.isdir(root):
+        return None
+    out: list[str] = []
+    for k in sorted(os.listdir(root)):
+        try:
+            with open(os.path.join(root, k, "state")) as f:
+                if f.read().strip() != "on":
+                    continue
+        except OSError:
+            continue
+        for path in sorted(glob.glob(os.path.join(root, k, "contexts/*/schemes/*/action"))):
+            try:
+                with open(path) as f:
+                    out.append(f.read().strip())
+            except OSError:
+                pass
+    return out
 
 
 def thp_mode() -> str | None:

@@ -240,6 +240,11 @@ class Sweep:
                     "pay a host fault per page, which slows the buffered paths (cpu-double, "
                     "baselines)"
                 )
+            if "pageout" in (envb.get("vm", {}).get("damon") or []):
+                core.note(
+                    "the kernel's DAMON pages out cold memory in the background (a pageout "
+                    "scheme): page-cache rates and a restore of older files may move with it"
+                )
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
         ceil = w.agree(
             "the ceilings",

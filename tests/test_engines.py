@@ -689,3 +689,23 @@ def test_staging_buffers_ask_for_huge_pages():
     finally:
         big.close()
         small.close()
+
+
+def test_env_records_the_running_damon_schemes(tmp_path: Path) -> None:
+    """env.json's vm.damon: the actions of the schemes of every kdamond that is on (read from a
+    sysfs tree laid out as the kernel's); None where there is no DAMON."""
+    from bench import env
+
+    def kdamond(i: int, state: str, actions: list[str]) -> None:
+        d = tmp_path / str(i)
+        d.mkdir()
+        (d / "state").write_text(state + "\n")
+        for j, a in enumerate(actions):
+            s = d / "contexts" / "0" / "schemes" / str(j)
+            s.mkdir(parents=True)
+            (s / "action").write_text(a + "\n")
+
+    kdamond(0, "on", ["pageout", "hugepage"])
+    kdamond(1, "off", ["migrate_cold"])
+    assert env.damon_actions(str(tmp_path)) == ["pageout", "hugepage"]
+    assert env.damon_actions(str(tmp_path / "absent")) is None
