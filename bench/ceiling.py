@@ -71,7 +71,7 @@ MALLOC_HUGETLB = "glibc.malloc.hugetlb=1"
 
 def _glibc_version() -> tuple[int, int] | None:
     try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # "glibc 2.36"
+        _, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # "glibc 2.36"
         major, minor = version.split(".")[:2]
         return int(major), int(minor)
     except (ValueError, OSError, AttributeError):
@@ -161,10 +161,10 @@ def fio_write(
     """Aggregate write bandwidth (bytes/s) of fio writing one preallocated file per target, each
     by `jobs` writers on their own part of it, to durability (`end_fsync`, counted in fio's
     runtime), from buffers on huge pages (`fio_env`); a capped target gets fio's `rate` limit,
-    shared by its writers. A writer's queue
-    is never deeper than the blocks it has to write: fio allocates depth x block of buffer per
-    writer, and 16 writers at depth 32 over 16 MiB blocks faulted in 8 GiB for 256 MiB of I/O
-    (12.7 s of wall time, 21 s of system time, for a run whose I/O took 0.2 s)."""
+    shared by its writers. A writer's queue is never deeper than the blocks it has to write:
+    fio allocates depth x block of buffer per writer, and 16 writers at depth 32 over 16 MiB
+    blocks faulted in 8 GiB for 256 MiB of I/O (12.7 s of wall time, 21 s of system time, for
+    a run whose I/O took 0.2 s)."""
     part = max(block, file_bytes // jobs // block * block)
     depth = queue_depth(file_bytes, block, jobs, depth)
     files = _files(targets, part * jobs)
