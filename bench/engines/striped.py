@@ -117,7 +117,8 @@ class StripedEngine:
         result.save_id = manifest.new_save_id()
         pending = PendingSave(result, t0)
         # A refusal raises here, before anything is written; the claim itself is written by
-        # `_prepare`, with this save's first file (out of the stall on the snapshot engines).
+        # `_prepare`, with this save's first file: after the stall on the snapshot engines,
+        # inside it with bounded staging (its first chunk is written while it copies).
         generations.check_claim(self.targets, name)
         try:
             with torch.no_grad():
