@@ -57,13 +57,13 @@ def cpu_model() -> str:
 
 
 def _mount_of(path: str) -> dict[str, str]:
-    """Mount point, filesystem type and source of the mount holding `path`."""
-    best = {"mount": "/", "fstype": "unknown", "source": "unknown"}
+    """Mount point, filesystem type, source and options of the mount holding `path`."""
+    best = {"mount": "/", "fstype": "unknown", "source": "unknown", "opts": ""}
     real = os.path.realpath(path)
     for p in psutil.disk_partitions(all=True):
         mp = p.mountpoint
         if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best["mount"]):
-            best = {"mount": mp, "fstype": p.fstype, "source": p.device}
+            best = {"mount": mp, "fstype": p.fstype, "source": p.device, "opts": p.opts}
     return best
 
 
@@ -144,23 +144,30 @@ def kvikio_info() -> dict[str, Any]:
     """kvikio and cuFile versions and the mode kvikio would use; absent when it cannot load."""
     if not torch.cuda.is_available():
         return {"available": False, "reason": "no CUDA device (kvikio needs libcuda.so.1)"}
-    try:
-        import kvikio
-    except ImportError as e:
-        return {"available": False, "reason": f"kvikio not installed ({e})"}
-    from bench.engines.gds import kvikio_mode
+    from bench.engines.gds import import_kvikio, kvikio_load_error, kvikio_mode, nvfs_counters
 
+    why = kvikio_load_error()  # any failure to load, not only ImportError
+    if why is not None:
+        return {"available": False, "reason": why}
+    kvikio = import_kvikio()
+    counters = nvfs_counters()
     info: dict[str, Any] = {
         "available": True,
         "version": getattr(kvikio, "__version__", None),
         "mode": kvikio_mode(kvikio),
+        # where a save's gds label comes from: nvidia-fs's byte counters, or the filesystem list
+        "nvidia_fs_stats": "absent"
+        if counters is None
+        else "bytes counted"
+        if "write_MiB" in counters
+        else "IO statistics off",
     }
 
     def props() -> Any:
         return kvikio.cufile_driver.properties
 
     for key, fn in [
-        ("compat_mode", lambda: str(kvikio.defaults.get("compat_mode"))),
+        ("compat_mode", lambda: getattr(kvikio.defaults.get("compat_mode"), "name", None)),
         ("num_threads", lambda: kvikio.defaults.get("num_threads")),
         ("task_size", lambda: kvikio.defaults.get("task_size")),
         ("gds_threshold", lambda: kvikio.defaults.get("gds_threshold")),

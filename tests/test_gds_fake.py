@@ -1,10 +1,13 @@
 """The gds engine's kvikio path, checked against FakeKvikio and FakeCuda (tests/fake_kvikio.py).
 
-The fakes follow kvikio's real contracts (what pwrite/pread accept, its settings, per-file
-compat decisions, futures) so that the logic around kvikio runs on any machine: which pieces go
-where, the thread pool it is given, where checksums are computed, how each save is labelled, the
-GDS read path, buffer registration, and the failure paths. The real kvikio path runs only in the
-test marked `gpu`.
+The fakes follow kvikio's real contracts (a package whose submodules must be imported, what
+pwrite/pread accept, its settings and thread pool, per-file compat decisions, futures that run
+on threads, registration per CUDA allocation, nvidia-fs's counters) so that the logic around
+kvikio runs on any machine: which pieces go where, the thread pool it is given, where checksums
+are computed, how each save is labelled, the GDS read path, buffer registration, pacing, and the
+failure paths. The engine runs on a CUDA Device whose memory is the fake's, so its device
+branches run too. The real kvikio package is held against the same calls in
+tests/test_kvikio_real.py; the real GPU path runs only in the test marked `gpu`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +26,7 @@ import pytest
 import torch
 from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
-from bench import ceiling, checksums, staging
+from bench import ceiling, checksums, odirect, pacing, staging
 from bench.devices import Device
 from bench.engines import gds, striped
 from bench.errors import ChecksumError, UserError
@@ -29,26 +35,67 @@ FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
 
 
 @pytest.fixture
-def fake_kvikio(monkeypatch) -> Callable[..., FakeKvikio]:
-    """`fake_kvikio(**knobs)` installs a FakeKvikio in place of kvikio and returns it."""
-
-    def install(**kw: Any) -> FakeKvikio:
-        fake = FakeKvikio(**kw)
-        monkeypatch.setattr(gds, "import_kvikio", lambda: fake)
-        return fake
-
-    return install
+def fake_cuda(monkeypatch) -> FakeCuda:
+    """Fake device memory, seen as CUDA memory by the gds engine's seam functions; engines
+    asking for device=cuda get a Device of kind cuda whose memory is the fake's."""
+    cuda = FakeCuda()
+    monkeypatch.setattr(gds, "on_device", cuda.is_device)
+    monkeypatch.setattr(gds, "cuda_array", cuda.array)
+    monkeypatch.setattr(gds, "allocation_of", cuda.allocation_of_tensor)
+    monkeypatch.setattr(gds, "device_empty", lambda n, dev: cuda.empty(n))
+    monkeypatch.setattr(gds, "to_device", lambda t, dev: cuda.to(t))
+    real = striped.detect
+    monkeypatch.setattr(
+        striped, "detect", lambda req="auto": FAKE_CUDA_DEVICE if req == "cuda" else real(req)
+    )
+    return cuda
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch) -> FakeCuda:
-    """Fake device memory, seen as CUDA memory by the gds engine's seam functions."""
-    cuda = FakeCuda()
-    monkeypatch.setattr(gds, "on_device", cuda.is_device)
-    monkeypatch.setattr(gds, "kvikio_buffer", lambda m, d: cuda.buffer(m) if d else m.numpy())
-    monkeypatch.setattr(gds, "device_empty", lambda n, dev: cuda.empty(n))
-    monkeypatch.setattr(gds, "to_device", lambda t, dev: cuda.to(t))
-    return cuda
+def fake_kvikio(monkeypatch, tmp_path, fake_cuda) -> Iterator[Callable[..., FakeKvikio]]:
+    """`fake_kvikio(**knobs)` makes `import kvikio` import a FakeKvikio and returns it; its
+    nvidia-fs statistics are a file the engine is pointed at (`nvfs_stats=None`: no driver
+    statistics at all)."""
+    made: list[FakeKvikio] = []
+
+    def install(**kw: Any) -> FakeKvikio:
+        kw.setdefault("allocation_of", fake_cuda.allocation_of)
+        kw.setdefault("nvfs_stats", str(tmp_path / f"nvidia-fs-stats-{len(made)}"))
+        fake = FakeKvikio(**kw).install(monkeypatch)
+        monkeypatch.setattr(gds, "NVFS_STATS", kw["nvfs_stats"] or str(tmp_path / "absent"))
+        made.append(fake)
+        return fake
+
+    yield install
+    for fake in made:
+        fake.uninstall()
+
+
+class _Refuse:
+    """A meta-path finder for `kvikio` that fails the way a machine without it (or without the
+    libraries it loads) does."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] == "kvikio":
+            raise self.error
+        return None
+
+
+@pytest.fixture
+def no_kvikio(monkeypatch) -> Callable[[BaseException | None], None]:
+    """`no_kvikio(error)`: `import kvikio` raises `error` (default: not installed)."""
+
+    def install(error: BaseException | None = None) -> None:
+        for name in list(sys.modules):
+            if name.split(".")[0] in ("kvikio", "libkvikio"):
+                monkeypatch.delitem(sys.modules, name)
+        err = error or ModuleNotFoundError("No module named 'kvikio'", name="kvikio")
+        monkeypatch.setattr(sys, "meta_path", [_Refuse(err), *sys.meta_path])
+
+    return install
 
 
 @pytest.fixture
@@ -93,7 +140,7 @@ def read_manifest(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
 
 
 def kvikio_engine(make_engine: Any, dirs: list[str], **opts: Any) -> Any:
-    opts = {"io": "kvikio", "device": "host-emulated", "chunk_bytes": "8KiB", **opts}
+    opts = {"io": "kvikio", "device": "cuda", "chunk_bytes": "8KiB", **opts}
     return make_engine("gds", dirs, **opts)
 
 
@@ -130,6 +177,7 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
     assert len(fake.calls) > len(state)  # chunks really split the tensors
     # Device bytes went over GDS, the host scalar through kvikio's POSIX path.
     assert fake.routes() == {"gds": result.bytes - 4, "posix": 4}
+    assert result.extra["gds_evidence"].startswith("nvidia-fs counted")
     for t, path in data.items():
         assert os.path.getsize(path) == m["files"][str(t)]["bytes"]
 
@@ -141,7 +189,8 @@ def test_host_tensors_are_handed_to_kvikio_as_host_buffers(
     to kvikio as it is, CuFile.pwrite raises TypeError (a model state's `step` crashed gds)."""
     fake = fake_kvikio()
     with pytest.raises(TypeError):
-        fake.CuFile(os.path.join(targets(1)[0], "x"), "w").pwrite(torch.zeros(4, dtype=torch.uint8))
+        kv = fake.modules["kvikio"]
+        kv.CuFile(os.path.join(targets(1)[0], "x"), "w").pwrite(torch.zeros(4, dtype=torch.uint8))
     eng = kvikio_engine(make_engine, targets(2))
     state = mixed_state(fake_cuda)
     state["opt"] = {"step": torch.tensor(1000.0), "lr": 3e-4}
@@ -156,24 +205,33 @@ def test_host_tensors_are_handed_to_kvikio_as_host_buffers(
     assert sorted(c.size for c in host_calls) == [4, 4]
 
 
-def test_kvikio_thread_pool_is_sized_for_the_save_and_restored(
+def test_kvikio_thread_pool_is_sized_once_per_engine_and_given_back(
     make_engine, targets, fake_kvikio, fake_cuda
 ):
+    """kvikio rebuilds its thread pool whenever num_threads is set: the engine sets its
+    settings once, outside the timed region, and gives kvikio's back at close."""
     fake = fake_kvikio()
     eng = kvikio_engine(make_engine, targets(3), threads_per_target=4, chunk_bytes="64KiB")
-    result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
-    assert fake.calls and {(c.num_threads, c.task_size) for c in fake.calls} == {(12, 64 << 10)}
-    # kvikio's own defaults again after the save
-    assert fake.defaults.get("num_threads") == 1
-    assert fake.defaults.get("task_size") == 4 << 20
-    assert fake.defaults.get("gds_threshold") == 16 << 10
-    assert (result.extra["num_threads"], result.extra["task_size"]) == (12, 64 << 10)
-    assert result.extra["gds_threshold"] == 0
-    # ...and for the GDS read path too
-    fake.calls.clear()
+    assert (fake.values["num_threads"], fake.values["task_size"]) == (12, 64 << 10)
+    assert fake.values["gds_threshold"] == 0
+    assert fake.pool_resets == 1
+    state = mixed_state(fake_cuda)
+    eng.warm(state)
+    result = eng.save(state, "ckpt").wait()
+    eng.save(state, "ckpt").wait()
     eng.load("ckpt", device="cuda")
-    assert {(c.op, c.num_threads) for c in fake.calls} >= {("pread", 12)}
-    assert fake.defaults.get("num_threads") == 1
+    assert fake.pool_resets == 1  # not inside any save or restore
+    assert fake.calls and {(c.num_threads, c.task_size) for c in fake.calls} == {(12, 64 << 10)}
+    assert (result.extra["num_threads"], result.extra["task_size"]) == (12, 64 << 10)
+    assert "settings_reset_in_save" not in result.extra
+    # Someone else changes kvikio's settings: the next save sets them again and says so.
+    fake.modules["kvikio.defaults"].set("num_threads", 3)
+    again = eng.save(state, "ckpt").wait()
+    assert again.extra["settings_reset_in_save"] is True and fake.values["num_threads"] == 12
+    eng.close()
+    # kvikio's own values again, as the engine found them
+    assert (fake.values["num_threads"], fake.values["task_size"]) == (1, 4 << 20)
+    assert fake.values["gds_threshold"] == 16 << 10
 
 
 def test_no_host_copy_inside_the_stall(make_engine, targets, fake_kvikio, fake_cuda, monkeypatch):
@@ -303,7 +361,7 @@ def test_a_file_cufile_cannot_take_makes_the_save_compat(
     by_file = {(os.path.dirname(os.path.dirname(c.path)), c.route) for c in fake.calls}
     assert (dirs[1], "posix") in by_file and (dirs[0], "gds") in by_file
     assert (dirs[1], "gds") not in by_file
-    assert fake.defaults.get("compat_mode") == fake.CompatMode.AUTO  # restored
+    assert fake.values["compat_mode"] == fake.modules["kvikio"].CompatMode.AUTO  # restored
 
 
 def test_allow_compat_false_refuses_a_file_cufile_cannot_take(
@@ -341,7 +399,7 @@ def test_no_gds_on_the_machine_is_compat(make_engine, targets, fake_kvikio, fake
 
 def test_gds_mode_is_compat_when_kvikio_cannot_tell(make_engine, targets, fake_kvikio, fake_cuda):
     fake = fake_kvikio()
-    fake.cufile_driver = None  # an older kvikio without the driver properties
+    del fake.modules["kvikio.cufile_driver"].properties  # an older kvikio without them
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "a").wait()
     assert result.gds_mode == "compat"
@@ -365,18 +423,123 @@ def test_small_device_pieces_under_gds_threshold_are_compat(
 
 
 @pytest.mark.parametrize("allow", [True, False])
-def test_cufile_compat_on_a_filesystem_gds_does_not_serve(
+def test_without_nvidia_fs_counters_the_filesystem_list_decides(
     make_engine, targets, fake_kvikio, fake_cuda, monkeypatch, allow
 ):
-    """Where cufile.json allows compat mode, cuFile itself may serve a file through POSIX on a
-    filesystem GDS does not support, and kvikio cannot see it: such saves are not called gds."""
-    fake_kvikio(allow_compat_mode=allow)
-    monkeypatch.setattr(gds, "GDS_FILESYSTEMS", ("lustre",))
+    """Where nvidia-fs keeps no statistics and cufile.json allows compat mode, cuFile itself may
+    serve a file through POSIX on storage GDS does not serve natively, and kvikio cannot see it:
+    such saves are not called gds, and the row says what decided."""
+    fake_kvikio(allow_compat_mode=allow, nvfs_stats=None)
+    monkeypatch.setattr(
+        gds, "native_gds_reason", lambda info: f"{info['path']} is on a virtio disk"
+    )
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == ("compat" if allow else "gds")
+    assert result.extra["gds_evidence"] == "filesystem list: no nvidia-fs statistics"
     if allow:
-        assert "GDS does not serve natively" in result.extra["compat_reasons"][0]
+        assert "is on a virtio disk" in result.extra["compat_reasons"][0]
+    # Where GDS serves the target natively, the list has nothing to say.
+    monkeypatch.setattr(gds, "native_gds_reason", lambda info: None)
+    eng2 = kvikio_engine(make_engine, targets(1))
+    assert eng2.save(mixed_state(fake_cuda), "ckpt").wait().gds_mode == "gds"
+
+
+def test_nvidia_fs_counters_overrule_the_filesystem_list(
+    make_engine, targets, fake_kvikio, fake_cuda, monkeypatch
+):
+    """Where nvidia-fs counts bytes, its counters decide: all device bytes counted -> gds,
+    whatever the list says of the filesystem."""
+    fake_kvikio()
+    monkeypatch.setattr(gds, "native_gds_reason", lambda info: "never asked")
+    eng = kvikio_engine(make_engine, targets(2))
+    state = mixed_state(fake_cuda)
+    result = eng.save(state, "ckpt").wait()
+    assert result.gds_mode == "gds", result.extra
+    assert "compat_reasons" not in result.extra
+    eng.load("ckpt", device="cuda")
+    assert eng.restore_mode == "gds"
+    assert eng.restore_detail["gds_evidence"].startswith("nvidia-fs counted")
+
+
+def test_bytes_cufile_served_through_posix_make_the_save_compat(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
+    """cuFile accepted every file (kvikio saw no fallback), but on one target cuFile's own compat
+    mode moved the bytes through POSIX: nvidia-fs did not count them, and the save says so."""
+    fake = fake_kvikio()
+    dirs = targets(2)
+    fake.posix_inside_cufile = [dirs[1]]
+    eng = kvikio_engine(make_engine, dirs, chunk_bytes="1MiB")
+    big = fake_cuda.to_device({"a": torch.randn(1 << 20), "b": torch.randn(1 << 20)})
+    result = eng.save(big, "ckpt").wait()
+    assert result.gds_mode == "compat"
+    (why,) = result.extra["compat_reasons"]
+    assert re.match(r"nvidia-fs counted 4 MiB in \d+ writes GPU-direct of 8 MiB", why), why
+    assert fake.routes() == {"gds": 4 << 20, "cufile-compat": 4 << 20}
+
+
+def test_nvidia_fs_without_io_statistics_falls_back_to_the_list(
+    make_engine, targets, fake_kvikio, fake_cuda, monkeypatch
+):
+    fake_kvikio(nvfs_io_stats=False)
+    monkeypatch.setattr(gds, "native_gds_reason", lambda info: None)
+    eng = kvikio_engine(make_engine, targets(1))
+    result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
+    assert result.gds_mode == "gds"
+    assert "IO statistics are off" in result.extra["gds_evidence"]
+
+
+@pytest.mark.parametrize(
+    ("fstype", "disk", "opts", "native"),
+    [
+        ("ext4", "nvme0n1", "rw,relatime", True),
+        ("xfs", "nvme3n1", "rw", True),
+        ("ext4", "vda", "rw,relatime", False),  # virtio
+        ("xfs", "sda", "rw", False),  # SATA/SCSI
+        ("ext4", "dm-0", "rw", False),  # LVM
+        ("ext4", "loop0", "rw", False),
+        ("ext4", "nvme0n1", "rw,data=writeback", False),  # not ordered mode
+        ("nfs4", "?", "rw,vers=4.2,proto=tcp", False),
+        ("nfs", "?", "rw,vers=3,proto=rdma", True),
+        ("lustre", "?", "rw", True),
+        ("wekafs", "?", "rw", True),
+        ("tmpfs", "?", "rw", False),
+        ("overlay", "?", "rw", False),
+    ],
+)
+def test_where_gds_serves_files_natively(fstype, disk, opts, native):
+    info = {"path": "/ckpt", "fstype": fstype, "opts": opts, "block": {"disk": disk}}
+    why = gds.native_gds_reason(info)
+    assert (why is None) == native, why
+    if why:
+        assert why.startswith("/ckpt ")
+
+
+def test_nvidia_fs_statistics_are_read_in_the_drivers_format(tmp_path):
+    path = tmp_path / "stats"
+    assert gds.nvfs_counters(str(path)) is None
+    fake = FakeKvikio(nvfs_stats=str(path))
+    fake.count_gds("pwrite", (3 << 20) + 5)
+    fake.count_gds("pread", 1 << 20)
+    assert gds.nvfs_counters(str(path)) == {
+        "read_ops": 1,
+        "read_MiB": 1,
+        "read_err": 0,
+        "write_ops": 1,
+        "write_MiB": 3,
+        "write_err": 0,
+        "pg_cache": 0,
+    }
+    FakeKvikio(nvfs_stats=str(path), nvfs_io_stats=False)
+    assert gds.nvfs_counters(str(path)) == {"read_err": 0, "write_err": 0, "pg_cache": 0}
+    # The verdict: floors of MiB, so 3.0 MiB counted for 3.9 MiB on the device is all of it.
+    before = {"write_MiB": 10, "write_ops": 4}
+    assert gds.nvfs_verdict(before, {"write_MiB": 13, "write_ops": 5}, 4089446, "write")[1] is None
+    why = gds.nvfs_verdict(before, {"write_MiB": 11, "write_ops": 5}, 3 << 20, "write")[1]
+    assert why and "counted 1 MiB in 1 writes GPU-direct of 3 MiB" in why
+    assert gds.nvfs_verdict(None, None, 1, "write") == (None, None)
+    assert gds.nvfs_verdict({}, {}, 1, "write") == (None, None)
 
 
 def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kvikio):
@@ -389,21 +552,52 @@ def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kv
     assert_round_trip(eng.load("ckpt"), state)
 
 
-def test_device_buffers_are_registered_in_warm_and_released(
+def test_device_memory_is_registered_once_per_allocation_and_released(
     make_engine, targets, fake_kvikio, fake_cuda
 ):
+    """kvikio's memory_register registers the whole CUDA allocation holding a pointer and refuses
+    a second registration inside it. torch packs small tensors into shared segments: the
+    engine registers each segment once, for every tensor in it."""
     fake = fake_kvikio()
     eng = kvikio_engine(make_engine, targets(2))
     state = mixed_state(fake_cuda)
+    state["big"] = fake_cuda.to(torch.randn(3 << 20))  # 12 MiB: a segment of its own
     eng.warm(state)
     contiguous_device = [t for k, t in state.items() if k not in ("step", "empty", "wt")]
-    assert fake.registered == {
-        t.data_ptr(): t.numel() * t.element_size() for t in contiguous_device
-    }
+    segments = {fake_cuda.allocation_of(t.data_ptr()) for t in contiguous_device}
+    assert len(segments) == 2  # the small tensors share one 2 MiB segment
+    assert fake.registered == dict(segments)
+    assert fake.register_calls == 2
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["registered_bytes"] == sum(fake.registered.values())
+    assert result.extra["registered_bytes"] == sum(size for _, size in segments)
+    assert result.extra["unregistered_device_bytes"] == state["wt"].numel() * 4  # copied first
+    assert "register_note" not in result.extra
     eng.close()
     assert fake.registered == {}
+
+
+def test_a_failed_registration_is_said_and_the_rest_still_registered(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
+    fake = fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(1))
+    state = mixed_state(fake_cuda)
+    state["big"] = fake_cuda.to(torch.randn(3 << 20))
+    small = fake_cuda.allocation_of(state["w"].data_ptr())
+    fake.registered[small[0]] = small[1]  # registered by someone else already
+    eng.warm(state)
+    big = fake_cuda.allocation_of(state["big"].data_ptr())
+    assert fake.registered == dict([small, big])
+    result = eng.save(state, "ckpt").wait()
+    note = result.extra["register_note"]
+    assert note.startswith("3 tensors not registered (['w']: RuntimeError: ")
+    assert "CU_FILE_MEMORY_ALREADY_REGISTERED" in note
+    assert result.extra["registered_bytes"] == big[1]
+    unregistered = sum(state[k].numel() * state[k].element_size() for k in ("w", "wt", "half"))
+    unregistered += state["offset_view"].numel() * 8
+    assert result.extra["unregistered_device_bytes"] == unregistered
+    eng.close()
+    assert fake.registered == dict([small])  # only what the engine registered is released
 
 
 def test_no_registration_in_compat_mode(make_engine, targets, fake_kvikio, fake_cuda):
@@ -417,11 +611,19 @@ def test_no_registration_in_compat_mode(make_engine, targets, fake_kvikio, fake_
     assert "compat mode" in result.extra["register_note"]
 
 
-def test_unavailable_on_cuda_without_kvikio(monkeypatch):
-    def no_kvikio() -> Any:
-        raise ImportError("No module named 'kvikio'")
+def test_the_fake_is_a_package_whose_submodules_must_be_imported(fake_kvikio):
+    """As the real kvikio: `import kvikio` alone gives neither `defaults` nor `cufile_driver`."""
+    fake_kvikio()
+    import kvikio
 
-    monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
+    assert not hasattr(kvikio, "defaults") and not hasattr(kvikio, "cufile_driver")
+    kv = gds.import_kvikio()
+    assert kv is kvikio and kv.defaults.get("num_threads") == 1
+    assert kv.cufile_driver.properties.is_gds_available
+
+
+def test_unavailable_on_cuda_without_kvikio(monkeypatch, no_kvikio):
+    no_kvikio()
     reason = gds.Gds.unavailable({"device": "cuda"})
     assert reason and "kvikio is not installed" in reason and "io: emulated" in reason
     assert gds.Gds.unavailable({"device": "cuda", "io": "emulated"}) is None
@@ -430,17 +632,40 @@ def test_unavailable_on_cuda_without_kvikio(monkeypatch):
     assert gds.Gds.unavailable({}) == reason  # auto on a CUDA machine means kvikio
 
 
-def test_kvikio_that_does_not_import(make_engine, targets, monkeypatch):
-    def no_kvikio() -> Any:
-        raise ImportError("No module named 'kvikio'")
-
-    monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
+def test_kvikio_that_does_not_import(make_engine, targets, no_kvikio):
+    no_kvikio()
     from bench import engines
 
     with pytest.raises(
         UserError, match=r"gds cannot run here: kvikio is not installed \(No module"
     ):
         engines.create("gds", targets(1), io="kvikio", device="host-emulated")
+
+
+class DynamicLibNotFoundError(RuntimeError):
+    """What cuda.pathfinder raises when libcufile cannot be found (a RuntimeError)."""
+
+
+def test_kvikio_whose_libraries_do_not_load_is_a_reason_not_a_crash(monkeypatch, no_kvikio, capsys):
+    """libkvikio loads libcufile through cuda.pathfinder, which raises a RuntimeError subclass
+    when it is missing: `ckptbench engines`, the environment block and the engine give that as
+    the reason why gds cannot run."""
+    from bench import cli, engines
+    from bench import env as env_mod
+
+    no_kvikio(DynamicLibNotFoundError('Failure finding "libcufile.so.0"'))
+    assert gds.kvikio_load_error() == (
+        'kvikio does not load (DynamicLibNotFoundError: Failure finding "libcufile.so.0")'
+    )
+    reason = gds.Gds.unavailable({"io": "kvikio"})
+    assert reason and reason.startswith("kvikio does not load (DynamicLibNotFoundError")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert env_mod.kvikio_info() == {"available": False, "reason": gds.kvikio_load_error()}
+    with pytest.raises(UserError, match="kvikio does not load"):
+        engines.create("gds", ["/nonexistent"], io="kvikio")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["engines"]) == 0
+    assert "gds" in capsys.readouterr().out
 
 
 def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypatch):
@@ -454,18 +679,8 @@ def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypa
     assert_round_trip(eng.load("ckpt"), state)
 
 
-@pytest.fixture
-def fake_cuda_engine_device(monkeypatch) -> Iterator[None]:
-    """Engines asking for device=cuda get a Device of kind cuda (whose memory is the fake's)."""
-    real = striped.detect
-    monkeypatch.setattr(
-        striped, "detect", lambda req="auto": FAKE_CUDA_DEVICE if req == "cuda" else real(req)
-    )
-    yield
-
-
 def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(
-    make_engine, targets, fake_cuda, fake_cudart, fake_cuda_engine_device
+    make_engine, targets, fake_cuda, fake_cudart
 ):
     eng = make_engine(
         "gds", targets(2), io="emulated", device="cuda", chunk_bytes="8KiB", threads_per_target=1
@@ -497,7 +712,9 @@ def test_failed_write_closes_files_and_commits_nothing(
         assert "kvikio wrote" in str(e.value)
         assert re.search(r"/ckpt/data-0\.[0-9a-f]{16}\.bin", str(e.value)), str(e.value)
     else:
-        assert "fake I/O error" in str(e.value)
+        # kvikio's RuntimeError, raised as the OSError it is, naming the file
+        assert "fake I/O error" in str(e.value) and str(e.value).startswith("[Errno 5] kvikio")
+        assert re.search(r"/ckpt/data-[01]\.[0-9a-f]{16}\.bin$", e.value.filename)
     # Every write issued was awaited before its file closed, the failed one included.
     assert fake.files and all(f.closed and f.unawaited_at_close == 0 for f in fake.files)
     if failure != "call":
@@ -506,7 +723,7 @@ def test_failed_write_closes_files_and_commits_nothing(
     # The failed save removed its own files (data and marker): nothing is left to clean.
     assert all(os.listdir(Path(d) / "ckpt") == [] for d in dirs)
     assert eng.status("ckpt") == "absent"
-    assert fake.defaults.get("num_threads") == 1  # settings restored after a failure too
+    assert fake.values["num_threads"] == 4 and fake.pool_resets == 1  # untouched by the failure
     with pytest.raises(UserError, match="no complete checkpoint"):
         eng.load("ckpt")
 
@@ -530,6 +747,80 @@ def test_failed_write_keeps_the_previous_checkpoint(
         eng.save(changed, "ckpt")
     assert {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs} == before
     assert eng.status("ckpt") == "complete"
+    assert_round_trip(eng.load("ckpt"), state)
+
+
+def test_hashing_runs_while_kvikio_writes(
+    make_engine, targets, fake_kvikio, fake_cuda, monkeypatch
+):
+    """kvikio's futures run on its threads: the checksums are computed while the writes are
+    in flight (here held back until hashing is done), not after them."""
+    fake = fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(2))
+    gate = threading.Event()
+    seen: list[int] = []
+    real_submit = fake.submit
+
+    def held(fn: Any, *args: Any) -> Any:
+        return real_submit(lambda *a: gate.wait(60) and fn(*a), *args)
+
+    real_hash = gds.Gds._hash_kvikio
+
+    def hash_then_release(self: Any, *a: Any) -> None:
+        seen.append(sum(f.done() for f in fake.files[0].futures))
+        real_hash(self, *a)
+        seen.append(sum(f.done() for f in fake.files[0].futures))
+        gate.set()
+
+    monkeypatch.setattr(fake, "submit", held)
+    monkeypatch.setattr(gds.Gds, "_hash_kvikio", hash_then_release)
+    state = mixed_state(fake_cuda)
+    result = eng.save(state, "ckpt").wait()
+    assert seen == [0, 0] and len(fake.files[0].futures) > 1
+    assert result.checksums and result.hash_s > 0
+    assert_round_trip(eng.load("ckpt"), state)
+
+
+def test_fallocate_and_write_caps_apply_through_kvikio(
+    make_engine, targets, fake_kvikio, fake_cuda, monkeypatch
+):
+    """gds through kvikio reserves each file's length and honours `max_write_bw` as the other
+    striped engines do: every piece is handed to kvikio only after its target's bucket let it."""
+    fake = fake_kvikio()
+    reserved: list[int] = []
+    real_reserve = odirect.preallocate
+    monkeypatch.setattr(
+        odirect, "preallocate", lambda fd, n: (reserved.append(n), real_reserve(fd, n))
+    )
+    events: list[tuple[str, int]] = []
+    real_take = pacing.TokenBucket.take
+
+    def take(self: Any, n: int) -> None:
+        real_take(self, n)
+        events.append(("take", n))
+
+    monkeypatch.setattr(pacing.TokenBucket, "take", take)
+    real_submit = fake.submit
+    monkeypatch.setattr(
+        fake, "submit", lambda fn, *a: (events.append(("pwrite", a[1])), real_submit(fn, *a))[1]
+    )
+    rate = 4 << 20
+    eng = kvikio_engine(make_engine, targets(2), chunk_bytes="256KiB", max_write_bw=rate)
+    state = fake_cuda.to_device({"a": torch.randn(1 << 19), "b": torch.randn(1 << 19)})
+    t0 = time.perf_counter()
+    result = eng.save(state, "ckpt").wait()
+    elapsed = time.perf_counter() - t0
+    m = read_manifest(eng.targets)
+    assert sorted(reserved) == sorted(i["bytes"] for i in m["files"].values())
+    takes = [n for kind, n in events if kind == "take"]
+    assert sorted(takes) == sorted(c.size for c in fake.calls) and len(takes) > 16
+    # Each target's bucket let a piece through before it was handed to kvikio.
+    for i, (kind, n) in enumerate(events):
+        if kind == "pwrite":
+            assert ("take", n) in events[:i]
+    # 4 MiB over two targets capped at 4 MiB/s each, one 256 KiB burst each: at least 0.44 s.
+    assert elapsed >= (2 << 20) / rate - (256 << 10) / rate - 0.02
+    assert result.extra["gds_evidence"].startswith("nvidia-fs counted")
     assert_round_trip(eng.load("ckpt"), state)
 
 
@@ -557,9 +848,7 @@ def test_copy_ceiling_releases_what_it_pinned(fake_cudart):
     assert fake_cudart.locked == {}
 
 
-def test_snapshot_engine_pins_its_staging_exactly(
-    make_engine, targets, fake_cudart, fake_cuda_engine_device
-):
+def test_snapshot_engine_pins_its_staging_exactly(make_engine, targets, fake_cudart, fake_cuda):
     eng = make_engine("cpu-single", targets(2), device="cuda", chunk_bytes="8KiB")
     state = sample_state()
     eng.warm(state)
@@ -579,17 +868,23 @@ def test_real_kvikio_on_cuda(make_engine, targets):
     threads_before = kvikio.defaults.get("num_threads")
     dirs = targets(2)
     eng = make_engine("gds", dirs, io="kvikio", device="cuda", chunk_bytes="64KiB")
+    assert kvikio.defaults.get("num_threads") == 4  # 2 threads per target x 2 targets
     state = {k: v if k == "step" else v.to("cuda") for k, v in sample_state().items()}
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
-    assert result.gds_mode in ("gds", "compat")
-    if gds.kvikio_mode(kvikio) == "compat":
-        assert result.gds_mode == "compat"
-    assert result.extra["num_threads"] == 4  # 2 threads per target x 2 targets
+    if gds.kvikio_mode(kvikio) == "compat" or result.gds_mode == "compat":
+        assert result.gds_mode == "compat" and result.extra["compat_reasons"]
+    else:
+        assert result.gds_mode == "gds" and "compat_reasons" not in result.extra
+        # Registered once per CUDA allocation: only the copied transposed tensor is not.
+        assert result.extra["unregistered_device_bytes"] == 40 * 70 * 4, result.extra
+        assert result.extra["registered_bytes"] > 0
+    assert result.extra["num_threads"] == 4
     assert result.copied_tensors == 1
     assert result.extra["host_bytes"] == 4
+    assert eng._hash_stream is not None  # the checksums ran on a side stream
     loaded = eng.load("ckpt", device="cuda")
-    assert eng.restore_mode in ("gds", "compat")
+    assert eng.restore_mode in ("gds", "compat") and eng.restore_detail["gds_evidence"]
     assert all(t.device.type == "cuda" for t in loaded.values())
     assert_round_trip(loaded, state)
     # Device checksums computed on the GPU are checked again on the host.
@@ -597,18 +892,16 @@ def test_real_kvikio_on_cuda(make_engine, targets):
     m = read_manifest(dirs)
     for t, info in m["files"].items():
         assert os.path.getsize(Path(dirs[int(t)]) / "ckpt" / info["file"]) == info["bytes"]
+    eng.close()
     assert kvikio.defaults.get("num_threads") == threads_before
 
 
-def test_a_sweep_skips_gds_that_cannot_run_and_says_why(scratch, monkeypatch, capsys):
+def test_a_sweep_skips_gds_that_cannot_run_and_says_why(scratch, no_kvikio, capsys):
     """gds on CUDA without kvikio (here: io=kvikio without kvikio) used to write error rows;
     the sweep now skips it with the reason, in the terminal summary and env.json."""
     from bench import cli, results
 
-    def no_kvikio() -> Any:
-        raise ImportError("No module named 'kvikio'")
-
-    monkeypatch.setattr(gds, "import_kvikio", no_kvikio)
+    no_kvikio()
     cfg = scratch / "c.yaml"
     cfg.write_text(
         "name: skip\nengines: [gds, cpu-double]\ntotal_sizes: [1MiB]\ntensor_sizes: [1MiB]\n"

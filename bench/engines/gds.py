@@ -7,21 +7,34 @@ Two I/O back ends, chosen by the `io` option:
 - `kvikio`: kvikio CuFile.pwrite from the device tensors, run the way a GDS user tunes it:
   kvikio's thread pool sized to the engine's writer threads (`threads_per_target` x targets; its
   default is one thread), `task_size` = `chunk_bytes`, `gds_threshold` as set (0 by default, so
-  that no device piece takes kvikio's POSIX bounce path for being small), all set for the save
-  and restored after; the state's device tensors registered with cuFile (cuFileBufRegister, via
-  kvikio's memory_register) in `warm()`, outside the timed region. Host tensors in the state (an
+  that no device piece takes kvikio's POSIX bounce path for being small). These are kvikio's
+  process-wide settings: the engine puts them in force once, when it is made and again in
+  `warm()`, outside the timed region (a change of `num_threads` tears kvikio's thread pool down
+  and spawns it again), and gives the old values back in `close()`. A save that finds them
+  changed by someone else sets them again and says so (`settings_reset_in_save`).
+  The state's device tensors are registered with cuFile in `warm()` (kvikio's memory_register,
+  i.e. cuFileBufRegister), once per CUDA allocation: kvikio registers the whole allocation that
+  holds a pointer, and a second registration inside it fails, so tensors that share one of
+  torch's caching-allocator segments are registered together. A failure is recorded with the
+  tensors it left unregistered, and the rest are still registered. Host tensors in the state (an
   optimizer's `step` scalars) are handed to kvikio as host buffers and go through its POSIX path;
-  their bytes are counted apart (`host_bytes`).
-  Checksums are computed on the device by torch kernels (`checksums.device_checksum`, recorded as
-  `wsum64`), so no device byte is copied to the host inside the stall; `hash_s` says how long
-  they took.
+  their bytes are counted apart (`host_bytes`). `fallocate` and `max_write_bw` apply as on the
+  other striped engines (a capped target's pieces are handed to kvikio no faster than its cap).
+  Checksums of device tensors are computed on the device by torch kernels (`wsum64`) on a side
+  stream of their own, so that they neither wait for nor hold up the copies kvikio's compat path
+  queues on its own streams (created with CU_STREAM_DEFAULT, which synchronise with the legacy
+  default stream), and read back to the host once per save; `hash_s` says how long they took.
   `gds_mode` is decided for each save from what its files really did: `gds` only when cuFile is
   available with the nvidia-fs driver, every file was opened with kvikio's compat mode OFF (so
-  cuFile registered it: kvikio's AUTO mode would fall back to POSIX per file silently, and
-  kvikio cannot be asked afterwards), no device piece went below `gds_threshold`, and, when
-  cufile.json allows cuFile's own compat mode, every target is on a filesystem GDS serves
-  natively. Otherwise `compat`, with the reasons in the row's `io_detail`. With
-  `allow_compat: false` a file cuFile cannot take is an error instead of a fallback.
+  cuFile registered it: kvikio's AUTO mode would fall back to POSIX per file silently), no device
+  piece went below `gds_threshold`, and the bytes went GPU-direct. That last part is read from
+  nvidia-fs's own counters (/proc/driver/nvidia-fs/stats, system-wide) before and after the save
+  where the driver keeps them; elsewhere, and only when cufile.json allows cuFile's own compat
+  mode, from a list of where GDS serves files natively (see `native_gds_reason`). The row's
+  `io_detail.gds_evidence` says which of the two decided. Otherwise `compat`, with the reasons in
+  the row's `io_detail`. With `allow_compat: false` a file cuFile cannot take is an error instead
+  of a fallback. kvikio's errors (C++ exceptions, RuntimeError in Python) in a write or read are
+  raised as OSError naming the file, so that the sweep records an error row.
   Restores into CUDA memory read with kvikio pread into device memory, in parallel like the
   writes, checked on the device, and are labelled the same way (`restore_mode`).
 - `emulated`: O_DIRECT straight from the tensors' own memory (host-emulated), the aligned middle
@@ -36,11 +49,14 @@ unavailable (skipped with the reason) unless `io: emulated` is asked for.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import importlib
 import os
+import re
 import threading
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -54,27 +70,56 @@ from bench.errors import UserError
 from bench.staging import PinnedBuffer
 from bench.tree import flatten, unflatten
 
-# Filesystems GPUDirect Storage serves without falling back to POSIX (NVIDIA's GDS overview:
-# ext4 in ordered mode and XFS on local NVMe, and the distributed filesystems with GDS support).
-GDS_FILESYSTEMS = ("ext4", "xfs", "lustre", "gpfs", "wekafs", "beegfs", "nfs", "nfs4")
+MiB = 1 << 20
+
+# Where GDS serves files natively, from NVIDIA's nvidia-fs documentation ("Key Features",
+# docs.nvidia.com/gpudirect-storage/nvidia_fs): "EXT4 in ordered mode on NVMe and NVMe-oF",
+# "XFS on NVMe and NVMe-oF", "NFS over RDMA", and "RDMA-capable distributed file systems,
+# including DDN EXAScaler [lustre], WekaFS, VAST, IBM Spectrum Scale [gpfs], and BeeGFS".
+# Anywhere else (ext4 or xfs on virtio, SATA/SCSI, LVM/device-mapper or loop devices, ext4 in
+# writeback or journal data mode, NFS over TCP) cuFile serves the file through POSIX.
+NVME_FILESYSTEMS = ("ext4", "xfs")
+DISTRIBUTED_GDS_FILESYSTEMS = ("lustre", "gpfs", "wekafs", "beegfs")
+
+# nvidia-fs's statistics: cumulative, system-wide counters of the I/O that went GPU-direct
+# (bytes only while its IO stats are enabled: `rw_stats_enabled`).
+NVFS_STATS = "/proc/driver/nvidia-fs/stats"
 
 
 def import_kvikio() -> Any:
-    """The kvikio module (tests put a fake in its place)."""
+    """The kvikio package with the submodules the engine uses: `import kvikio` alone does not
+    make `kvikio.defaults` or `kvikio.cufile_driver` attributes of the package."""
     import kvikio  # optional extra
+    import kvikio.cufile_driver
+    import kvikio.defaults
 
     return kvikio
+
+
+def _one_line(e: BaseException, limit: int = 200) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:limit]
+
+
+def kvikio_load_error() -> str | None:
+    """None if kvikio and its submodules import here, else why not. Any failure counts, not only
+    ImportError: libkvikio loads libcufile through cuda.pathfinder, which raises its own error
+    (a RuntimeError) when the library is missing."""
+    try:
+        import_kvikio()
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in ("kvikio", "libkvikio"):
+            return f"kvikio is not installed ({e})"
+        return f"kvikio does not load ({_one_line(e)})"
+    except Exception as e:  # a library it loads is missing or broken
+        return f"kvikio does not load ({_one_line(e)})"
+    return None
 
 
 def kvikio_unavailable() -> str | None:
     """None if kvikio imports and can do I/O here, else why not."""
     if not torch.cuda.is_available():
         return "no CUDA device: kvikio needs libcuda.so.1"
-    try:
-        import_kvikio()
-    except ImportError as e:
-        return f"kvikio is not installed ({e}); pip install -e '.[gds]'"
-    return None
+    return kvikio_load_error()
 
 
 def kvikio_mode(kvikio: Any) -> str:
@@ -90,7 +135,7 @@ def _global_reason(kvikio: Any) -> str | None:
         if not kvikio.cufile_driver.properties.is_gds_available:
             return "the nvidia-fs driver is not loaded (cuFile can only do POSIX I/O)"
     except Exception as e:  # any failure to tell means we cannot claim GDS
-        return f"kvikio cannot tell whether GDS is available ({type(e).__name__}: {e})"
+        return f"kvikio cannot tell whether GDS is available ({_one_line(e)})"
     return None
 
 
@@ -109,17 +154,124 @@ def _memory_fn(kvikio: Any, name: str) -> Any:
     return fn
 
 
+def native_gds_reason(info: dict[str, Any]) -> str | None:
+    """Why GDS would not serve target `info` (a row of `env.targets_info`) natively, or None.
+    Only used where nvidia-fs keeps no byte counters to tell what really happened."""
+    fs = info.get("fstype", "unknown")
+    path = info.get("path", "?")
+    disk = (info.get("block") or {}).get("disk") or (info.get("block") or {}).get("name") or "?"
+    opts = set((info.get("opts") or "").split(","))
+    if fs in NVME_FILESYSTEMS:
+        if not disk.startswith("nvme"):
+            return f"{path} is {fs} on {disk}, not on an NVMe device, which GDS does not serve"
+        if fs == "ext4" and opts & {"data=writeback", "data=journal"}:
+            return f"{path} is ext4 not in ordered mode, which GDS does not serve"
+        return None
+    if fs in ("nfs", "nfs4"):
+        if "proto=rdma" in opts or "rdma" in opts:
+            return None
+        return f"{path} is NFS over TCP (GDS serves NFS over RDMA only)"
+    if fs in DISTRIBUTED_GDS_FILESYSTEMS:
+        return None
+    return f"{path} is on {fs}, which GDS does not serve natively"
+
+
+def nvfs_counters(path: str | None = None) -> dict[str, int] | None:
+    """nvidia-fs's cumulative I/O counters, or None where its statistics file is absent.
+
+    Keys: `write_err`, `read_err`, `pg_cache` (writes nvidia-fs sent to the page cache), and,
+    while its IO statistics are enabled, `write_ops`, `write_MiB`, `read_ops`, `read_MiB`
+    (the byte counts are printed in whole MiB)."""
+    try:
+        with open(path or NVFS_STATS) as f:
+            text = f.read()
+    except OSError:
+        return None
+    out: dict[str, int] = {}
+    names = {
+        "Writes": {"n": "write_ops", "writeMiB": "write_MiB", "err": "write_err"},
+        "Reads": {"n": "read_ops", "readMiB": "read_MiB", "err": "read_err"},
+    }
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        key = key.strip()
+        if not sep or key not in names:
+            continue
+        fields = dict(re.findall(r"(?:^|\s)([A-Za-z-]+)=(\d+)", rest))
+        for field, name in names[key].items():
+            if field in fields:
+                out[name] = int(fields[field])
+        if key == "Writes" and "pg-cache" in fields:
+            out["pg_cache"] = int(fields["pg-cache"])
+    return out
+
+
+def nvfs_verdict(
+    before: dict[str, int] | None, after: dict[str, int] | None, device_bytes: int, op: str
+) -> tuple[str | None, str | None]:
+    """What nvidia-fs's counters say of `device_bytes` moved by `op` (`write` or `read`)
+    between two readings: (evidence, reason). `evidence` is None where they cannot tell (no
+    statistics file, or its IO statistics off), else a line of what they counted; `reason` is
+    why the bytes did not all go GPU-direct, or None.
+
+    The counter is printed floored to whole MiB, so all `device_bytes` went GPU-direct only if it
+    grew by at least floor(device_bytes / MiB) (floor(a + b) >= floor(a) + floor(b)); less
+    means that at least 1 MiB went another way. Other processes' GDS I/O in the same interval
+    counts too: the counters can wrongly confirm, never wrongly deny."""
+    if before is None or after is None:
+        return None, None
+    key = f"{op}_MiB"
+    if key not in before or key not in after:
+        return None, None
+    moved = after[key] - before[key]
+    ops = after.get(f"{op}_ops", 0) - before.get(f"{op}_ops", 0)
+    want = device_bytes // MiB
+    evidence = (
+        f"nvidia-fs counted {moved} MiB in {ops} {op}s GPU-direct of {want} MiB on the device"
+    )
+    if device_bytes and (moved < want or ops < 1):
+        return evidence, f"{evidence}: cuFile moved the rest through POSIX"
+    if op == "write" and after.get("pg_cache", 0) > before.get("pg_cache", 0):
+        n = after["pg_cache"] - before.get("pg_cache", 0)
+        return evidence, f"nvidia-fs sent {n} writes to the page cache"
+    return evidence, None
+
+
 # The seam where tests put a fake CUDA (tests/fake_kvikio.py): which tensors are device memory,
-# what kvikio is handed for them, and how device memory is allocated and filled on restore.
+# how device memory is presented to kvikio, which CUDA allocation holds a tensor, and how device
+# memory is allocated and filled on restore.
 def on_device(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-def kvikio_buffer(mem: torch.Tensor, device: bool) -> Any:
-    """What kvikio gets for a flat uint8 tensor: device memory as the CUDA tensor itself (it has
-    `__cuda_array_interface__`), host memory as a numpy array (kvikio takes the buffer protocol,
-    which torch tensors lack: a torch CPU tensor would be a TypeError)."""
-    return mem if device else mem.numpy()
+def cuda_array(mem: torch.Tensor) -> Any:
+    """Device memory as kvikio takes it: a CUDA tensor has `__cuda_array_interface__`."""
+    return mem
+
+
+_libcuda: Any = None
+
+
+def allocation_of(mem: torch.Tensor) -> tuple[int, int]:
+    """(base address, bytes) of the CUDA allocation that holds `mem`'s first byte, as the
+    driver reports it (cuMemGetAddressRange): the range kvikio's memory_register hands to
+    cuFileBufRegister for any pointer inside it."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuMemGetAddressRange_v2
+        fn.argtypes = [
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_uint64,
+        ]
+        fn.restype = ctypes.c_int
+        _libcuda = fn
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = _libcuda(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(mem.data_ptr()))
+    if rc != 0:
+        raise RuntimeError(f"cuMemGetAddressRange failed (CUresult {rc})")
+    return base.value, size.value
 
 
 def device_empty(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -130,6 +282,13 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def kvikio_buffer(mem: torch.Tensor, device: bool) -> Any:
+    """What kvikio gets for a flat uint8 tensor: device memory through `cuda_array`, host memory
+    as a numpy array (kvikio takes the buffer protocol, which torch tensors lack: a torch CPU
+    tensor would be a TypeError)."""
+    return cuda_array(mem) if device else mem.numpy()
+
+
 def _io_choice(options: dict[str, Any]) -> str:
     """The back end `auto` resolves to for these options."""
     io = options.get("io", "auto")
@@ -138,6 +297,14 @@ def _io_choice(options: dict[str, Any]) -> str:
     dev = options.get("device", "auto")
     cuda = dev == "cuda" or (dev == "auto" and torch.cuda.is_available())
     return "kvikio" if cuda else "emulated"
+
+
+def _kvikio_error(e: BaseException, path: str) -> OSError:
+    """A failed kvikio I/O call (a C++ exception: RuntimeError in Python) as the OSError it is,
+    naming the file, so that the sweep records an error row rather than a bug."""
+    if isinstance(e, OSError):
+        return e
+    return OSError(errno.EIO, f"kvikio: {' '.join(str(e).split())[:300]}", path)
 
 
 class Gds(StripedEngine):
@@ -158,35 +325,40 @@ class Gds(StripedEngine):
         self.io = self.options.io
         if self.io == "auto":
             self.io = "kvikio" if self.device.is_cuda else "emulated"
-        self._kvikio = None
-        self._registered: dict[int, tuple[torch.Tensor, int]] = {}  # address -> (buffer, bytes)
+        self._kvikio: Any = None
+        # CUDA allocation base -> (a tensor inside it, the allocation's bytes), as registered
+        self._registered: dict[int, tuple[torch.Tensor, int]] = {}
+        self._registered_ptrs: dict[int, int] = {}  # registered tensor address -> its base
+        self._register_failed: list[tuple[str, str]] = []  # (tensor path, why)
         self._register_note = ""
+        self._kv_before: dict[str, Any] | None = None  # kvikio's settings before this engine's
+        self._hash_stream: Any = None
         self._bounce = threading.local()
         self._bounces: list[PinnedBuffer] = []
         self._bounce_lock = threading.Lock()
         self.restore_mode = "none"
         self.restore_detail: dict[str, Any] = {}
         if self.io == "kvikio":
-            try:
-                self._kvikio = import_kvikio()
-            except ImportError as e:
-                raise UserError(f"engine gds: io=kvikio but kvikio does not import ({e})") from None
+            why = kvikio_load_error()
+            if why is not None:
+                raise UserError(f"engine gds: io=kvikio but {why}")
+            self._kvikio = import_kvikio()
             if not self.options.allow_compat and kvikio_mode(self._kvikio) != "gds":
                 raise UserError(
                     "engine gds: kvikio would run in compat mode and allow_compat is false "
                     f"({_global_reason(self._kvikio)})"
                 )
             self._fs_reasons = self._filesystem_reasons()
+            self._ensure_settings()
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         if _io_choice(options or {}) != "kvikio":
             return None  # the emulation runs anywhere O_DIRECT works; the label says what it is
-        try:
-            import_kvikio()
-        except ImportError as e:
+        why = kvikio_load_error()
+        if why is not None:
             return (
-                f"kvikio is not installed ({e}): on CUDA gds writes device memory through kvikio "
+                f"{why}: on CUDA gds writes device memory through kvikio "
                 "(pip install -e '.[gds]'); engine_options.gds.io: emulated runs a host "
                 "emulation instead (gds_mode=emulated, not GDS)"
             )
@@ -200,27 +372,50 @@ class Gds(StripedEngine):
     # -- kvikio settings and files ----------------------------------------------------------
 
     def _settings(self) -> dict[str, Any]:
-        """kvikio's runtime settings for this engine's I/O (restored after each save/load)."""
+        """kvikio's runtime settings for this engine's I/O."""
         return {
             "num_threads": self.options.threads_per_target * len(self.targets),
             "task_size": self.options.chunk_bytes,
             "gds_threshold": self.options.gds_threshold,
         }
 
+    def _ensure_settings(self) -> bool:
+        """Put this engine's kvikio settings in force, setting only those that differ (a new
+        `num_threads` rebuilds kvikio's thread pool); True if any had to change. The values
+        found the first time are given back by `close()`."""
+        defaults = self._kvikio.defaults
+        want = self._settings()
+        have = {k: defaults.get(k) for k in want}
+        changed = {k: v for k, v in want.items() if have[k] != v}
+        if not changed:
+            return False
+        if self._kv_before is None:
+            self._kv_before = have
+        defaults.set(changed)
+        return True
+
+    def _restore_settings(self) -> None:
+        if self._kv_before is not None:
+            before, self._kv_before = self._kv_before, None
+            self._kvikio.defaults.set(before)
+
     def _filesystem_reasons(self) -> list[str]:
-        """Why cuFile might serve a target through its own compat mode (only matters when
-        cufile.json allows it): the target's filesystem is not one GDS serves natively."""
+        """Why GDS would not serve a target natively (`native_gds_reason`): used to label a
+        save only where nvidia-fs keeps no byte counters, and only when cufile.json allows
+        cuFile's own compat mode."""
         out = []
         for info in env_mod.targets_info(self.targets)["targets"]:
-            fs = info.get("fstype", "unknown")
-            if fs not in GDS_FILESYSTEMS:
-                out.append(f"{info['path']} is on {fs}, which GDS does not serve natively")
+            why = native_gds_reason(info)
+            if why:
+                out.append(why)
         return out
 
     def _open_cufile(self, path: str, flags: str, reasons: list[str]) -> Any:
         """A CuFile for `path`. Opened with compat mode OFF, so that it either uses cuFile or
         fails; on failure (and with allow_compat) opened again through POSIX, with the reason
-        appended to `reasons`: the fallback kvikio's AUTO mode would make silently."""
+        appended to `reasons`: the fallback kvikio's AUTO mode would make silently. OFF is
+        asked for only where kvikio says cuFile works: without a CUDA driver kvikio 26.10's
+        CuFile spins forever opening a file with compat mode OFF."""
         kv = self._kvikio
         why = _global_reason(kv)
         if why is None:
@@ -232,22 +427,51 @@ class Gds(StripedEngine):
                 if not self.options.allow_compat:
                     raise UserError(f"engine gds: {why} and allow_compat is false") from None
         reasons.append(why)
-        with kv.defaults.set("compat_mode", kv.CompatMode.ON):
-            return kv.CuFile(path, flags)
+        try:
+            with kv.defaults.set("compat_mode", kv.CompatMode.ON):
+                return kv.CuFile(path, flags)
+        except RuntimeError as e:  # kvikio's open failures are RuntimeErrors
+            raise _kvikio_error(e, path) from None
 
-    def _label(self, reasons: list[str], device_bytes: int) -> str:
+    def _label(
+        self,
+        reasons: list[str],
+        device_bytes: int,
+        nvfs_before: dict[str, int] | None,
+        op: str,
+    ) -> tuple[str, str]:
+        """(label, evidence) of a save or restore: `compat` if anything in `reasons`, if no
+        device bytes, or if the bytes did not go GPU-direct: by nvidia-fs's counters where it
+        keeps them, else by the filesystem list (only when cufile.json allows compat mode)."""
         if device_bytes == 0:
             reasons.append("no tensor was in device memory: nothing went over GDS")
-        if _cufile_allows_compat(self._kvikio) and self._fs_reasons:
-            reasons.extend(f"cufile.json allows compat mode and {r}" for r in self._fs_reasons)
-        return "compat" if reasons else "gds"
+        evidence, why = nvfs_verdict(nvfs_before, nvfs_counters(), device_bytes, op)
+        if evidence is not None:
+            if why:
+                reasons.append(why)
+        else:
+            evidence = (
+                "filesystem list: no nvidia-fs statistics"
+                if nvfs_before is None
+                else "filesystem list: nvidia-fs IO statistics are off (rw_stats_enabled)"
+            )
+            if _cufile_allows_compat(self._kvikio) and self._fs_reasons:
+                reasons.extend(f"cufile.json allows compat mode and {r}" for r in self._fs_reasons)
+        return ("compat" if reasons else "gds"), evidence
 
     # -- buffer registration ----------------------------------------------------------------
 
     def warm(self, state: Any) -> None:
-        """Register the state's device tensors with cuFile (kvikio memory_register), as GDS users
-        are told to for buffers used again and again; outside the timed region."""
-        if self.io != "kvikio" or not self.options.register_buffers:
+        """Put kvikio's settings in force and register the state's device memory with cuFile
+        (kvikio memory_register), as GDS users are told to for buffers used again and again;
+        outside the timed region. kvikio registers the whole CUDA allocation holding a pointer
+        and refuses a second registration inside it, so each allocation is registered once,
+        for all the tensors in it; a failure is recorded with the tensors it left out, and the
+        other allocations are still registered."""
+        if self.io != "kvikio":
+            return
+        self._ensure_settings()
+        if not self.options.register_buffers:
             return
         self._deregister()
         kv = self._kvikio
@@ -255,19 +479,42 @@ class Gds(StripedEngine):
             self._register_note = "not registered: kvikio is in compat mode"
             return
         _, tensors = flatten(state)
-        try:
-            register = _memory_fn(kv, "memory_register")
-            for _, t in tensors:
-                if on_device(t) and t.is_contiguous() and t.numel():
-                    mem = t.detach().reshape(-1).view(torch.uint8)
-                    if mem.data_ptr() not in self._registered:
-                        register(kvikio_buffer(mem, True))
-                        self._registered[mem.data_ptr()] = (mem, mem.numel())
-            self._register_note = ""
-        except Exception as e:  # registration only helps; run without it, and say so
-            self._register_note = f"registration failed: {type(e).__name__}: {e}"[:200]
+        groups: dict[int, tuple[int, torch.Tensor, list[str]]] = {}
+        failed: list[tuple[str, str]] = []
+        for path, t in tensors:
+            # A non-contiguous tensor is copied at save time: its copy is not registered.
+            if not (on_device(t) and t.numel() and t.is_contiguous()):
+                continue
+            mem = t.detach().reshape(-1).view(torch.uint8)
+            try:
+                base, size = allocation_of(mem)
+            except Exception as e:  # kvikio's register would fail the same way
+                failed.append((path, _one_line(e)))
+                continue
+            if base in groups:
+                groups[base][2].append(path)
+            else:
+                groups[base] = (size, mem, [path])
+        register = _memory_fn(kv, "memory_register")
+        for base, (size, mem, paths) in groups.items():
+            try:
+                register(kvikio_buffer(mem, True))
+            except Exception as e:  # registration only helps: go on without it, and say so
+                failed.extend((p, _one_line(e)) for p in paths)
+                continue
+            self._registered[base] = (mem, size)
+            for p, t in tensors:
+                if p in paths:
+                    self._registered_ptrs[t.data_ptr()] = base
+        self._register_failed = failed
+        self._register_note = ""
+        if failed:
+            first = "; ".join(f"{p}: {why}" for p, why in failed[:3])
+            self._register_note = f"{len(failed)} tensors not registered ({first})"[:400]
 
     def _deregister(self) -> None:
+        self._registered_ptrs.clear()
+        self._register_failed = []
         if not self._registered:
             return
         deregister = _memory_fn(self._kvikio, "memory_deregister")
@@ -282,6 +529,7 @@ class Gds(StripedEngine):
         super().close()
         if self._kvikio is not None:
             self._deregister()
+            self._restore_settings()
         with self._bounce_lock:
             for b in self._bounces:
                 b.close()
@@ -326,19 +574,49 @@ class Gds(StripedEngine):
             pieces, file_bytes = layout.direct(
                 mems, entries, len(self.targets), self.options.chunk_bytes
             )
-            self._persist_kvikio(result, tree, entries, pieces, file_bytes, mems, dev)
+            self._persist_kvikio(result, tree, entries, pieces, file_bytes, mems, dev, tensors)
         result.pinned_bytes = self.pinned_bytes
         # Training may touch the tensors only now: the stall is the whole durable write.
         result.stall_s = (time.perf_counter_ns() - pending.t0_ns) / 1e9
         pending.finish_now()
 
     def _hash(self, entry: manifest.TensorEntry, view: Any) -> None:
-        """Device memory (a tensor here) is hashed where it is, by torch kernels (wsum64); host
-        memory (a numpy array) with xxh3."""
+        """Device memory (a tensor here: io=emulated on CUDA) is hashed where it is, by torch
+        kernels (wsum64); host memory (a numpy array) with xxh3."""
         if isinstance(view, torch.Tensor):
             entry.wsum64 = checksums.device_checksum(view)
         else:
             entry.xxh3 = checksums.checksum(view)
+
+    def _side_stream(self) -> Any:
+        """The stream the device checksums run on: a torch side stream (non-blocking with
+        respect to the legacy default stream, as torch creates its streams), or None where the
+        engine's device is not a CUDA device of torch's."""
+        if self.device.torch_device.type != "cuda":
+            return None
+        if self._hash_stream is None:
+            self._hash_stream = torch.cuda.Stream(device=self.device.torch_device)
+        return self._hash_stream
+
+    def _hash_kvikio(
+        self, entries: list[manifest.TensorEntry], mems: list[torch.Tensor], dev: list[bool]
+    ) -> None:
+        """Checksums while kvikio's threads write: host tensors with xxh3; device tensors by
+        torch kernels on a side stream, their sums read back to the host once."""
+        on_dev = [i for i, d in enumerate(dev) if d]
+        for i, d in enumerate(dev):
+            if not d:
+                entries[i].xxh3 = checksums.checksum(mems[i].numpy())
+        if not on_dev:
+            return
+        stream = self._side_stream()
+        if stream is not None:
+            # The state's last writes were queued on the current stream: hash what they wrote.
+            stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            sums = torch.stack([checksums.device_sums(mems[i]) for i in on_dev]).cpu()
+        for row, i in zip(sums.tolist(), on_dev, strict=True):
+            entries[i].wsum64 = checksums.wsum64_digest(row[0], row[1], entries[i].nbytes)
 
     def _persist_kvikio(
         self,
@@ -349,64 +627,84 @@ class Gds(StripedEngine):
         file_bytes: dict[int, int],
         mems: list[torch.Tensor],
         dev: list[bool],
+        tensors: list,
     ) -> None:
-        """Write with kvikio CuFile.pwrite from device memory, hash on the device, fsync, commit
-        the manifest; label the save from what its files did."""
-        kvikio = self._kvikio
+        """Write with kvikio CuFile.pwrite from device memory (paced where a target is capped),
+        hash meanwhile, fsync, commit the manifest; label the save from what its files did."""
         name = result.name
         settings = self._settings()
+        reset = self._ensure_settings()  # a no-op unless someone changed kvikio's settings
         reasons: list[str] = []
         files: dict[int, Any] = {}
-        futures: list[Any] = []
+        futures: list[Any] = [None] * len(pieces)
+        issuers: list[Any] = []
+        paths = {t: layout.data_file(self.targets, name, t, result.save_id) for t in file_bytes}
         device_mem = {id(m) for m, d in zip(mems, dev, strict=True) if d}
         self._prepare(result)
-        with kvikio.defaults.set(settings):
+        nvfs_before = nvfs_counters()
+
+        def issue(i: int) -> None:
+            p = pieces[i]
+            bucket = self._buckets[p.target]
+            if bucket is not None:
+                bucket.take(p.length)
+            buf = kvikio_buffer(p.mem[p.start : p.start + p.length], id(p.mem) in device_mem)
             try:
-                for t in file_bytes:
-                    path = layout.data_file(self.targets, name, t, result.save_id)
-                    files[t] = self._open_cufile(path, "w", reasons)
-                for p in pieces:
-                    futures.append(
-                        files[p.target].pwrite(
-                            kvikio_buffer(
-                                p.mem[p.start : p.start + p.length], id(p.mem) in device_mem
-                            ),
-                            p.length,
-                            p.file_offset,
-                        )
-                    )
-                if self.options.checksums:
-                    # While kvikio's threads write: on the device for device tensors.
-                    h0 = time.perf_counter_ns()
-                    for e, m, d in zip(entries, mems, dev, strict=True):
-                        self._hash(e, m if d else m.numpy())
-                    result.hash_s = (time.perf_counter_ns() - h0) / 1e9
+                futures[i] = files[p.target].pwrite(buf, p.length, p.file_offset)
+            except RuntimeError as e:
+                raise _kvikio_error(e, paths[p.target]) from None
+
+        try:
+            for t, n in file_bytes.items():
+                files[t] = self._open_cufile(paths[t], "w", reasons)
+                if self.options.fallocate and n:
+                    # Reserve the file's length first, as the other striped engines do.
+                    fd = os.open(paths[t], os.O_WRONLY)
+                    try:
+                        odirect.preallocate(fd, n)
+                    finally:
+                        os.close(fd)
+            if any(b is not None for b in self._buckets):
+                # Capped targets: each target's pieces are handed to kvikio no faster than its
+                # cap, from the engine's threads, while this thread hashes.
+                order: dict[int, list[int]] = {}
+                for i, p in enumerate(pieces):
+                    order.setdefault(p.target, []).append(i)
+                issuers = [
+                    self._pool.submit(lambda ids: [issue(i) for i in ids], ids)
+                    for ids in order.values()
+                ]
+            else:
+                for i in range(len(pieces)):
+                    issue(i)
+            if self.options.checksums:
+                h0 = time.perf_counter_ns()
+                self._hash_kvikio(entries, mems, dev)
+                result.hash_s = (time.perf_counter_ns() - h0) / 1e9
+            for f in issuers:
+                f.result()
+        finally:
+            try:
+                # Every issued write ends before its file closes, also after a failure: a
+                # write in flight on a closed descriptor could land in whatever file reuses it.
+                for f in issuers:
+                    try:
+                        f.result()
+                    except BaseException:  # raised above, or by the waits below
+                        pass
+                written = _wait_all(futures, [paths[p.target] for p in pieces])
+                self._device_sync()
             finally:
-                try:
-                    # Every issued write ends before its file closes, also after a failure: a
-                    # write in flight on a closed descriptor could land in whatever file reuses it.
-                    written = _wait_all(futures)
-                    self._device_sync()
-                finally:
-                    for f in files.values():
-                        f.close()
+                for f in files.values():
+                    f.close()
         # A short write is not an error to cuFile; it is one to a checkpoint.
         for p, n in zip(pieces, written, strict=True):
             if n != p.length:
-                path = layout.data_file(self.targets, name, p.target, result.save_id)
                 raise OSError(
-                    errno.EIO, f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}", path
+                    errno.EIO,
+                    f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}",
+                    paths[p.target],
                 )
-        # cuFile has no fsync of its own: fsync through a plain descriptor of the same file,
-        # which flushes the file's data whatever descriptor wrote it.
-        for t, n in file_bytes.items():
-            fd = os.open(layout.data_file(self.targets, name, t, result.save_id), os.O_WRONLY)
-            try:
-                if os.fstat(fd).st_size != n:
-                    os.ftruncate(fd, n)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
         device_bytes = sum(p.length for p in pieces if id(p.mem) in device_mem)
         small = sum(
             p.length
@@ -418,20 +716,42 @@ class Gds(StripedEngine):
                 f"{small} device bytes were in pieces under gds_threshold "
                 f"({settings['gds_threshold']} B) and went through kvikio's POSIX bounce path"
             )
-        registered = sum(n for a, (_, n) in self._registered.items() if _in(a, mems, dev))
-        result.gds_mode = self._label(reasons, device_bytes)
+        result.gds_mode, evidence = self._label(reasons, device_bytes, nvfs_before, "write")
+        # cuFile has no fsync of its own: fsync through a plain descriptor of the same file,
+        # which flushes the file's data whatever descriptor wrote it.
+        for t, n in file_bytes.items():
+            fd = os.open(paths[t], os.O_WRONLY)
+            try:
+                if os.fstat(fd).st_size != n:
+                    os.ftruncate(fd, n)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        registered = {
+            self._registered_ptrs[m.data_ptr()]
+            for m, d in zip(mems, dev, strict=True)
+            if d and m.numel() and m.data_ptr() in self._registered_ptrs
+        }
+        unregistered = sum(
+            e.nbytes
+            for e, m, d in zip(entries, mems, dev, strict=True)
+            if d and m.numel() and m.data_ptr() not in self._registered_ptrs
+        )
         result.extra = {
             "io": "kvikio",
-            "kvikio": getattr(kvikio, "__version__", None),
+            "kvikio": getattr(self._kvikio, "__version__", None),
             **settings,
+            **({"settings_reset_in_save": True} if reset else {}),
             "compat_mode": "OFF (fallback ON per file)" if self.options.allow_compat else "OFF",
             "files": len(file_bytes),
             "device_bytes": device_bytes,
             "host_bytes": result.bytes
             - sum(e.nbytes for e, d in zip(entries, dev, strict=True) if d),
-            "registered_bytes": registered,
+            "registered_bytes": sum(self._registered[b][1] for b in registered),
+            "unregistered_device_bytes": unregistered,
             **({"register_note": self._register_note} if self._register_note else {}),
             "checksum": "wsum64 on the device" if self.options.checksums else "off",
+            "gds_evidence": evidence,
             **({"compat_reasons": reasons} if reasons else {}),
         }
         self._commit(result, tree, entries, file_bytes)
@@ -483,39 +803,45 @@ class Gds(StripedEngine):
         check_name(name)
         m = manifest.read(self.targets, name)
         layout.check_files(self.targets, m)
-        kvikio = self._kvikio
         settings = self._settings()
+        reset = self._ensure_settings()
         reasons: list[str] = []
         files: dict[int, Any] = {}
         futures: list[Any] = []
+        where: list[str] = []
         out: dict[int, torch.Tensor] = {}
         # Tensors hashed on the host at save time (host tensors of the state) are read through
         # host memory and checked there; the rest go straight into device memory.
         host_side = [i for i, e in enumerate(m.tensors) if e.xxh3 is not None]
-        with kvikio.defaults.set(settings):
-            try:
-                for t in m.files:
-                    files[t] = self._open_cufile(layout.data_path(self.targets, m, t), "r", reasons)
-                for i, e in enumerate(m.tensors):
-                    if i in host_side:
-                        continue
-                    buf = device_empty(e.nbytes, dev)
-                    out[i] = buf
-                    pos = 0
-                    for t, off, length in e.extents:
+        nvfs_before = nvfs_counters()
+        try:
+            for t in m.files:
+                files[t] = self._open_cufile(layout.data_path(self.targets, m, t), "r", reasons)
+            for i, e in enumerate(m.tensors):
+                if i in host_side:
+                    continue
+                buf = device_empty(e.nbytes, dev)
+                out[i] = buf
+                pos = 0
+                for t, off, length in e.extents:
+                    path = layout.data_path(self.targets, m, t)
+                    try:
                         futures.append(
                             files[t].pread(
                                 kvikio_buffer(buf[pos : pos + length], True), length, off
                             )
                         )
-                        pos += length
+                    except RuntimeError as err:
+                        raise _kvikio_error(err, path) from None
+                    where.append(path)
+                    pos += length
+        finally:
+            try:
+                got = _wait_all(futures, where)
+                self._device_sync()
             finally:
-                try:
-                    got = _wait_all(futures)
-                    self._device_sync()
-                finally:
-                    for f in files.values():
-                        f.close()
+                for f in files.values():
+                    f.close()
         want = [
             length
             for i, e in enumerate(m.tensors)
@@ -524,6 +850,8 @@ class Gds(StripedEngine):
         ]
         if got != want:
             raise UserError(f"checkpoint {name!r}: kvikio read fewer bytes than its manifest lists")
+        device_bytes = sum(m.tensors[i].nbytes for i in out)
+        self.restore_mode, evidence = self._label(reasons, device_bytes, nvfs_before, "read")
         if checksums and m.checksums:
             for i, buf in out.items():
                 layout.check_entry(self.targets, m, m.tensors[i], buf)
@@ -534,26 +862,29 @@ class Gds(StripedEngine):
                 strict=True,
             ):
                 out[i] = to_device(t.reshape(-1).view(torch.uint8) if t.numel() else t, dev)
-        device_bytes = sum(m.tensors[i].nbytes for i in out if i not in host_side)
-        self.restore_mode = self._label(reasons, device_bytes)
-        self.restore_detail = {**settings, **({"compat_reasons": reasons} if reasons else {})}
+        self.restore_detail = {
+            **settings,
+            **({"settings_reset_in_restore": True} if reset else {}),
+            "gds_evidence": evidence,
+            **({"compat_reasons": reasons} if reasons else {}),
+        }
         tensors = [layout.typed(out[i], e) for i, e in enumerate(m.tensors)]
         return unflatten(m.tree, tensors)
 
 
-def _in(addr: int, mems: list[torch.Tensor], dev: list[bool]) -> bool:
-    return any(d and m.numel() and m.data_ptr() == addr for m, d in zip(mems, dev, strict=True))
-
-
-def _wait_all(futures: list[Any]) -> list[int]:
-    """Bytes moved by each kvikio future, waiting for every one; then the first error, if any."""
+def _wait_all(futures: list[Any], paths: list[str]) -> list[int]:
+    """Bytes moved by each kvikio future (None: never issued, counted -1), waiting for every
+    one; then the first error, if any, as an OSError naming its file."""
     done: list[int] = []
-    error: Exception | None = None
-    for f in futures:
+    error: OSError | None = None
+    for f, path in zip(futures, paths, strict=True):
+        if f is None:
+            done.append(-1)
+            continue
         try:
             done.append(f.get())
-        except Exception as e:  # raised once all are done
-            error = error or e
+        except (RuntimeError, OSError) as e:  # raised once all are done
+            error = error or _kvikio_error(e, path)
             done.append(-1)
     if error is not None:
         raise error

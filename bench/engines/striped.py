@@ -331,12 +331,8 @@ class StripedEngine:
         for e, (_, t) in zip(m.tensors, tensors, strict=True):
             if e.nbytes:
                 flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-                layout.check_entry(
-                    self.targets,
-                    m,
-                    e,
-                    flat if flat.device.type != "cpu" and e.wsum64 else flat.cpu(),
-                )
+                # wsum64 is computed where the bytes are (no copy off the device); xxh3 on the host
+                layout.check_entry(self.targets, m, e, flat if e.wsum64 else flat.cpu())
 
     def warm(self, state: Any) -> None:
         """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
