@@ -36,10 +36,13 @@ help:
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
 
-$(BIN)/.installed: pyproject.toml
+# Without a GPU the real kvikio package is installed too, without its CUDA dependencies
+# (scripts/kvikio-cpu.txt): the tests hold the gds engine's kvikio calls against it.
+$(BIN)/.installed: pyproject.toml scripts/kvikio-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	$(if $(HAS_GPU),,$(BIN)/pip install -q --no-deps --require-hashes -r scripts/kvikio-cpu.txt)
 	touch $@
 
 bench: $(BIN)/.installed

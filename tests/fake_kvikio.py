@@ -300,7 +300,7 @@ class FakeCuFile:
     def __enter__(self) -> FakeCuFile:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
         self.close()
 
 
