@@ -22,7 +22,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 endif
 
-.PHONY: bench test lint format engines gpu-wheels gpu-check clean-scratch help
+.PHONY: bench test lint format engines gpu-wheels gpu-check gpu-rehearsal clean-scratch help
 
 help:
 	@echo "make bench    run $(CONFIG) (ARGS='--set repetitions=5' to override)"
@@ -35,6 +35,7 @@ help:
 	@echo "make train    stall in a real training loop (configs/training.yaml)"
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
+	@echo "make gpu-rehearsal   the GPU check here, offline, from its wheels and the image's base"
 
 # Without a GPU the real kvikio package is installed too, without its CUDA dependencies
 # (scripts/kvikio-cpu.txt): the tests hold the gds engine's kvikio calls against it.
@@ -67,6 +68,9 @@ gpu-wheels:
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+gpu-rehearsal: $(BIN)/.installed
+	bash scripts/gpu_rehearsal.sh
 
 clean-scratch:
 	rm -rf scratch
