@@ -44,6 +44,13 @@ def env_lines(env: dict) -> list[str]:
     return lines
 
 
+def _evidence(text: str) -> str:
+    """What decided a gds row's label: nvidia-fs's counters or the filesystem list."""
+    if text.startswith("nvidia-fs"):
+        return "nvidia-fs"
+    return "fs list" if text else ""
+
+
 def table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (wl, eng), g in df.groupby(["workload", "engine"], sort=False):
@@ -73,6 +80,10 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
                 "reg_GiB": round(detail.get("registered_bytes", 0) / 2**30, 2) if detail else "",
                 "host_B": detail.get("host_bytes", ""),
                 "pinned_seen": detail.get("staging_is_pinned", ""),
+                "evidence": _evidence(detail.get("gds_evidence", "")),
+                "unreg_MiB": round(detail["unregistered_device_bytes"] / 2**20, 1)
+                if "unregistered_device_bytes" in detail
+                else "",
                 "why_compat": "; ".join(detail.get("compat_reasons", []))[:70],
             }
         )
