@@ -675,6 +675,26 @@ class FakeCuda:
     def allocation_of_tensor(self, mem: torch.Tensor) -> tuple[int, int]:
         return self.allocation_of(mem.data_ptr())
 
+    def install(self, monkeypatch: Any) -> FakeCuda:
+        """Put this fake at the gds engine's seams for device memory (which tensors are on the
+        device, how kvikio is handed them, their allocations, allocation and copies on restore),
+        and give engines that ask for device=cuda a Device of kind cuda whose torch device is
+        the host: its memory is this fake's."""
+        from bench.devices import Device
+        from bench.engines import gds, striped
+
+        monkeypatch.setattr(gds, "on_device", self.is_device)
+        monkeypatch.setattr(gds, "cuda_array", self.array)
+        monkeypatch.setattr(gds, "allocation_of", self.allocation_of_tensor)
+        monkeypatch.setattr(gds, "device_empty", lambda n, dev: self.empty(n))
+        monkeypatch.setattr(gds, "to_device", lambda t, dev: self.to(t))
+        real = striped.detect
+        device = Device("cuda", torch.device("cpu"))
+        monkeypatch.setattr(
+            striped, "detect", lambda req="auto": device if req == "cuda" else real(req)
+        )
+        return self
+
 
 class FakeCudart:
     """torch.cuda.cudart() for cudaHostRegister/cudaHostUnregister: records which host ranges

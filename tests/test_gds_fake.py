@@ -28,7 +28,7 @@ from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
 from bench import ceiling, checksums, odirect, pacing, staging
 from bench.devices import Device
-from bench.engines import gds, striped
+from bench.engines import gds
 from bench.errors import ChecksumError, UserError
 
 FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
@@ -38,17 +38,7 @@ FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
 def fake_cuda(monkeypatch) -> FakeCuda:
     """Fake device memory, seen as CUDA memory by the gds engine's seam functions; engines
     asking for device=cuda get a Device of kind cuda whose memory is the fake's."""
-    cuda = FakeCuda()
-    monkeypatch.setattr(gds, "on_device", cuda.is_device)
-    monkeypatch.setattr(gds, "cuda_array", cuda.array)
-    monkeypatch.setattr(gds, "allocation_of", cuda.allocation_of_tensor)
-    monkeypatch.setattr(gds, "device_empty", lambda n, dev: cuda.empty(n))
-    monkeypatch.setattr(gds, "to_device", lambda t, dev: cuda.to(t))
-    real = striped.detect
-    monkeypatch.setattr(
-        striped, "detect", lambda req="auto": FAKE_CUDA_DEVICE if req == "cuda" else real(req)
-    )
-    return cuda
+    return FakeCuda().install(monkeypatch)
 
 
 @pytest.fixture

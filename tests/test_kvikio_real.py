@@ -40,8 +40,7 @@ from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
 from bench import engines, staging
 from bench import env as env_mod
-from bench.devices import Device
-from bench.engines import gds, striped
+from bench.engines import gds
 
 try:
     import kvikio
@@ -66,18 +65,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def fake_cuda(monkeypatch) -> FakeCuda:
     """Device memory for the engine, handed to the real kvikio as `__cuda_array_interface__`."""
-    cuda = FakeCuda()
-    monkeypatch.setattr(gds, "on_device", cuda.is_device)
-    monkeypatch.setattr(gds, "cuda_array", cuda.array)
-    monkeypatch.setattr(gds, "allocation_of", cuda.allocation_of_tensor)
-    monkeypatch.setattr(gds, "device_empty", lambda n, dev: cuda.empty(n))
-    monkeypatch.setattr(gds, "to_device", lambda t, dev: cuda.to(t))
-    real = striped.detect
-    fake_device = Device("cuda", torch.device("cpu"))
-    monkeypatch.setattr(
-        striped, "detect", lambda req="auto": fake_device if req == "cuda" else real(req)
-    )
-    return cuda
+    return FakeCuda().install(monkeypatch)
 
 
 def state_on(cuda: FakeCuda) -> dict[str, Any]:
