@@ -3,8 +3,10 @@ for the kind of work the engines do, so that every engine row can be read as a f
 (an efficiency above 1 says the ceiling is wrong, not that the engine won).
 
 - Storage, for N targets written at once, one file each of the checkpoint's per-target share
-  (at least `min_bytes` in all, to reach steady state), **preallocated as the engines
-  preallocate** and filled with random bytes:
+  (at least `min_bytes` in all, to reach steady state, and at most `max_bytes`, each run cut
+  off after `max_seconds`: a probe's cost does not grow with the checkpoint, and its rate is
+  a rate once steady state is reached), **preallocated as the engines preallocate** and filled
+  with random bytes:
   - O_DIRECT: a small search over writers per target (1, 2, 4; each its own part of the file)
     and queue depth (8, 16, 32), with fio (`direct=1, ioengine=libaio`) when it is installed,
     else a built-in probe (threads with pwrite: depth is the thread count); both write from
@@ -13,8 +15,9 @@ for the kind of work the engines do, so that every engine row can be read as a f
   The best configuration of the search is then run `repetitions` times; the ceiling is the best
   run (every run and the search are kept). Which tool ran is recorded.
 - Memory: a copy into a warm buffer with the snapshot's own mechanism (8 MiB pieces from one
-  queue over `copy_threads` threads); on CUDA also a device-to-host copy into exactly pinned
-  memory. Best of 5 after a warm-up copy; every run kept.
+  queue over `copy_threads` threads), of the checkpoint's size up to PROBE_COPY_BYTES; on CUDA
+  also a device-to-host copy into exactly pinned memory. Best of 5 after a warm-up copy; every
+  run kept.
 - Serialisation (the baselines' own ceiling): torch.save of a state of the checkpoint's tensor
   size into memory, no disk: what a torch.save-based path cannot exceed before its write.
 
@@ -45,7 +48,11 @@ from bench.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
 DIRECT_SEARCH = [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]  # (writers per target, depth)
 BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]  # the defaults of bench.config.CeilingSpec
 COPY_REPS = 5
-PROBE_COPY_BYTES = 1 << 30  # the largest copy a probe measures
+PROBE_COPY_BYTES = 1 << 30  # the largest copy a ceiling or a probe measures
+# A storage run writes at most this much in all, and stops issuing writes after MAX_SECONDS
+# (then fsyncs): the defaults of bench.config.CeilingSpec.
+MAX_BYTES = 4 << 30
+MAX_SECONDS = 10.0
 # Runs of each page-cache write a probe takes; it keeps the best (a ceiling is the best the
 # device does). On a VM with a balloon one buffered write runs at either ~0.6 or ~1.4 GB/s
 # (bench/PERF.md): one run alone put the model's page-cache rate 2x off. The O_DIRECT write
@@ -157,11 +164,13 @@ def fio_write(
     jobs: int,
     depth: int,
     caps: list[int | None] | None = None,
+    seconds: float | None = None,
 ) -> float:
     """Aggregate write bandwidth (bytes/s) of fio writing one preallocated file per target, each
     by `jobs` writers on their own part of it, to durability (`end_fsync`, counted in fio's
     runtime), from buffers on huge pages (`fio_env`); a capped target gets fio's `rate` limit,
-    shared by its writers. A writer's queue is never deeper than the blocks it has to write:
+    shared by its writers; `seconds` ends the writing early (fio's `runtime`), the bytes
+    written by then counting. A writer's queue is never deeper than the blocks it has to write:
     fio allocates depth x block of buffer per writer, and 16 writers at depth 32 over 16 MiB
     blocks faulted in 8 GiB for 256 MiB of I/O (12.7 s of wall time, 21 s of system time, for
     a run whose I/O took 0.2 s)."""
@@ -175,6 +184,7 @@ def fio_write(
         "--end_fsync=1",
         "--fallocate=none",
         "--thread=1",
+        *([f"--runtime={max(1, round(seconds))}"] if seconds else []),
     ]
     common = [
         "--rw=write",
@@ -208,11 +218,12 @@ def builtin_write(
     jobs: int,
     depth: int,
     caps: list[int | None] | None = None,
+    seconds: float | None = None,
 ) -> float:
     """The same measurement without fio: per target, `jobs x depth` threads (O_DIRECT) or
     `jobs` threads (buffered) issuing `block`-sized pwrites of random bytes from a pre-faulted
     aligned buffer into the preallocated file, then fsync of every file. Aggregate bytes/s over
-    the wall time to durability."""
+    the wall time to durability; after `seconds` no more writes are issued."""
     n_blocks = max(1, file_bytes // block)
     files = _files(targets, n_blocks * block)
     buf = odirect.HostBuffer(block)
@@ -223,17 +234,21 @@ def builtin_write(
     workers = len(fds) * jobs * (depth if direct else 1)
     buckets = [pacing.TokenBucket(c, block) if c else None for c in (caps or [None] * len(fds))]
 
-    def write(i: int, j: int) -> None:
+    stop = time.perf_counter_ns() + int(seconds * 1e9) if seconds else None
+
+    def write(i: int, j: int) -> int:
+        if stop is not None and time.perf_counter_ns() > stop:
+            return 0
         if buckets[i] is not None:
             buckets[i].take(block)
         odirect.pwrite_all(fds[i], view, j * block)
+        return block
 
     try:
         t0 = time.perf_counter_ns()
         with ThreadPoolExecutor(max_workers=workers) as pool:
             jobs_ = [pool.submit(write, i, j) for j in range(n_blocks) for i in range(len(fds))]
-            for f in jobs_:
-                f.result()
+            written = sum(f.result() for f in jobs_)
             list(pool.map(os.fsync, fds))
         elapsed = (time.perf_counter_ns() - t0) / 1e9
     finally:
@@ -241,7 +256,7 @@ def builtin_write(
             os.close(fd)
         _remove(files)
         buf.close()
-    return n_blocks * block * len(fds) / elapsed
+    return written / elapsed
 
 
 def copy_bandwidth(
@@ -353,6 +368,28 @@ def serialize_bandwidth(nbytes: int, tensor_bytes: int, reps: int = 3) -> dict[s
     }
 
 
+def probe_bytes(checkpoint_bytes: int, min_bytes: int, max_bytes: int) -> int:
+    """What a storage run writes in all: the checkpoint, at least `min_bytes` (steady state),
+    at most `max_bytes` (a cost that does not grow with the checkpoint)."""
+    return min(max(checkpoint_bytes, min_bytes), max(max_bytes, min_bytes))
+
+
+def storage_runs(
+    ssd_counts: list[int],
+    direct_search: list[Any],
+    buffered_jobs: list[int],
+    repetitions: int,
+    searched: bool = True,
+) -> int:
+    """How many storage runs `measure` makes: per SSD count, the search (when it has more than
+    one configuration and `searched`) and the repetitions of the chosen one, O_DIRECT and
+    buffered."""
+    n = 0
+    for grid in (len(direct_search), len(buffered_jobs)):
+        n += (grid if searched and grid > 1 else 0) + repetitions
+    return n * len(set(ssd_counts))
+
+
 def _storage(
     write: Any,
     targets: list[str],
@@ -363,28 +400,32 @@ def _storage(
     caps: list[int | None] | None,
     drop: Any,
     repetitions: int,
+    seconds: float | None = None,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Search `configs` once each (when more than one), then run the best `repetitions` times;
-    the ceiling is the best run."""
+    the ceiling is the best run. `progress(label)` is called after each run."""
     mode = "direct_write" if direct else "buffered_write"
+
+    def run(jobs: int, depth: int) -> float:
+        if drop:
+            drop()
+        bw = write(targets, share, block, direct, jobs, depth, caps, seconds)
+        if progress:
+            progress(f"{mode.replace('_', ' ')} x{len(targets)}: {bw / 1e9:.2f} GB/s")
+        return bw
+
     if direct:  # a depth beyond a writer's blocks is the same run: measured once, as it ran
         configs = list(dict.fromkeys((j, queue_depth(share, block, j, q)) for j, q in configs))
     search = []
     if len(configs) > 1:
         for jobs, depth in configs:
-            if drop:
-                drop()
-            bw = write(targets, share, block, direct, jobs, depth, caps)
-            search.append({"jobs": jobs, "iodepth": depth, "Bps": round(bw)})
+            search.append({"jobs": jobs, "iodepth": depth, "Bps": round(run(jobs, depth))})
         best = max(search, key=lambda r: r["Bps"])
         jobs, depth = best["jobs"], best["iodepth"]
     else:
         jobs, depth = configs[0]
-    runs = []
-    for _ in range(repetitions):
-        if drop:
-            drop()
-        runs.append(write(targets, share, block, direct, jobs, depth, caps))
+    runs = [run(jobs, depth) for _ in range(repetitions)]
     all_ = runs + [r["Bps"] for r in search if (r["jobs"], r["iodepth"]) == (jobs, depth)]
     return {
         f"{mode}_Bps": max(all_),
@@ -411,15 +452,21 @@ def measure(
     configs: dict[str, Any] | None = None,
     direct_search: list[tuple[int, int]] | None = None,
     buffered_jobs: list[int] | None = None,
+    max_bytes: int = MAX_BYTES,
+    max_seconds: float | None = MAX_SECONDS,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H);
     serialisation. `drop` (if given) is called before each storage measurement to empty the
     page cache. `configs` (from an earlier `measure`) skips the search: {"N": {mode: {jobs,
-    iodepth}}}. `direct_search` (jobs, depth) and `buffered_jobs` replace the default grids."""
+    iodepth}}}. `direct_search` (jobs, depth) and `buffered_jobs` replace the default grids.
+    Each storage run writes the checkpoint's bytes, at least `min_bytes` and at most
+    `max_bytes`, and stops issuing writes after `max_seconds`; `progress(label)` is called
+    after each (see `storage_runs` for how many there are)."""
     version = fio_version() if use_fio else None
     write = fio_write if version else builtin_write
     per_n: dict[str, dict[str, Any]] = {}
-    total = max(checkpoint_bytes, min_bytes)
+    total = probe_bytes(checkpoint_bytes, min_bytes, max_bytes)
     for n in sorted(set(ssd_counts)):
         share = max(block, -(-total // n) // block * block)
         row: dict[str, Any] = {"file_bytes": share}
@@ -442,6 +489,8 @@ def measure(
                     caps[:n] if caps else None,
                     drop,
                     repetitions,
+                    max_seconds,
+                    progress,
                 )
             )
         per_n[str(n)] = row
@@ -452,9 +501,11 @@ def measure(
         "block_bytes": block,
         "checkpoint_bytes": checkpoint_bytes,
         "min_bytes": min_bytes,
+        "max_bytes": max_bytes,
+        "max_seconds": max_seconds,
         "repetitions": repetitions,
         "per_ssd_count": per_n,
-        **copy_bandwidth(checkpoint_bytes, device, threads=copy_threads),
+        **copy_bandwidth(min(checkpoint_bytes, PROBE_COPY_BYTES), device, threads=copy_threads),
         **serialize_bandwidth(min(checkpoint_bytes, 256 << 20), tensor_bytes),
     }
 
@@ -470,6 +521,8 @@ def probe(
     caps: list[int | None] | None = None,
     copy_threads: int = 1,
     keep: dict[int, Any] | None = None,
+    max_bytes: int = MAX_BYTES,
+    max_seconds: float | None = MAX_SECONDS,
 ) -> dict[str, Any]:
     """The ceilings again, once, inside a sweep: the configurations chosen before the sweep
     (`configs`: {mode: {jobs, iodepth}} for these targets), plus the page-cache path with a
@@ -478,9 +531,10 @@ def probe(
     workload's rows from the probes around it, so that a disk that drifts 2x within the hour
     drifts in the model too. Bandwidths in B/s: one run of O_DIRECT, the best of PROBE_RUNS
     of each page-cache write (every run kept under `{mode}_runs`). (Serialisation is left to
-    the ceilings before and after: on these machines it is several times the disk.)"""
+    the ceilings before and after: on these machines it is several times the disk.) The
+    storage runs are bounded as `measure`'s are (`max_bytes`, `max_seconds`)."""
     write = fio_write if use_fio and fio_version() else builtin_write
-    share = max(block, -(-nbytes // len(targets)) // block * block)
+    share = max(block, -(-min(nbytes, max_bytes) // len(targets)) // block * block)
     out: dict[str, Any] = {"n_targets": len(targets), "file_bytes": share}
     todo = [(m, configs[m]["jobs"], configs[m]["iodepth"]) for m in configs]
     if "buffered_write" in configs and configs["buffered_write"]["jobs"] != 1:
@@ -491,7 +545,7 @@ def probe(
             if drop:
                 drop()
             direct = mode == "direct_write"
-            runs.append(round(write(targets, share, block, direct, jobs, depth, caps)))
+            runs.append(round(write(targets, share, block, direct, jobs, depth, caps, max_seconds)))
         out[f"{mode}_runs"] = runs
         out[f"{mode}_Bps"] = max(runs)
     if "buffered_write_1_Bps" not in out and "buffered_write_Bps" in out:

@@ -47,8 +47,12 @@ class CeilingSpec(Strict):
     # (all kept in env.json): one run of a virtual or shared disk can be off by a factor of
     # several.
     repetitions: PosInt = 3
-    # The storage probes write at least this much in all (steady state, not a burst).
+    # The storage probes write at least this much in all (steady state, not a burst), and at
+    # most `max_bytes`, each run issuing writes for at most `max_seconds` (then its fsync): the
+    # ceilings of a 40 GiB sweep cost what those of a 4 GiB one do.
     min_bytes: Size = 1 << 30
+    max_bytes: Size = 4 << 30
+    max_seconds: Annotated[float, Field(gt=0)] = 10.0
     after: bool = True  # measure the storage ceilings again after the sweep (disks drift)
     # Before each workload's saves, the chosen configurations once more (and the page cache
     # with one writer, copy, serialisation): env.json `ceilings_probes`, from which the model

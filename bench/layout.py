@@ -163,9 +163,11 @@ def read_tensors(
     threads: int = 4,
     only: list[int] | None = None,
     check: bool = True,
+    into: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Read every tensor of a checkpoint (or those at indexes `only`, in that order) into host
-    memory and check its checksum.
+    memory and check its checksum. `into`: flat uint8 host tensors, one per tensor read, to read
+    into instead of new memory.
 
     Raises ChecksumError naming the tensor and file on a mismatch, UserError on missing or
     short files.
@@ -176,7 +178,10 @@ def read_tensors(
         check_files(targets, manifest)
         for t in manifest.files:
             fds[t] = os.open(_path(targets, manifest, t), os.O_RDONLY)
-        out = {i: (alloc or _alloc)(manifest.tensors[i].nbytes) for i in chosen}
+        if into is not None:
+            out = dict(zip(chosen, into, strict=True))
+        else:
+            out = {i: (alloc or _alloc)(manifest.tensors[i].nbytes) for i in chosen}
 
         def read_one(i: int) -> None:
             e = manifest.tensors[i]

@@ -15,11 +15,14 @@ the gather do nothing (bench.core.LocalWorld).
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from typing import Any
 
-from bench import ceiling, measure, plan, results, rows
+from tqdm import tqdm
+
+from bench import ceiling, measure, plan, results, rows, sizes
 from bench import config as config_mod
 from bench import distributed as dist
 from bench import env as env_mod
@@ -282,25 +285,41 @@ class Sweep:
             block, threads = self._ceiling_block(), self._copy_threads()
             tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
             when = "after the sweep" if again else "first"
-            core.log(f"measuring device ceilings {when} (storage with {tool}, memory copy)")
-            drop = measure.drop_page_cache if self.cache_dropped else None
-            out = ceiling.measure(
-                self.targets,
+            runs = ceiling.storage_runs(
                 cfg.ssd_counts,
-                largest,
-                block,
-                self.device,
-                use_fio=spec.tool != "builtin",
-                drop=drop,
-                caps=cfg.target_caps(),
-                repetitions=spec.repetitions,
-                min_bytes=spec.min_bytes,
-                copy_threads=threads,
-                tensor_bytes=tensor,
-                configs=ceiling.chosen_configs(again) if again else None,
-                direct_search=list(spec.direct_search),
-                buffered_jobs=list(spec.buffered_jobs),
+                list(spec.direct_search),
+                list(spec.buffered_jobs),
+                spec.repetitions,
+                searched=again is None,
             )
+            each = ceiling.probe_bytes(largest, spec.min_bytes, spec.max_bytes)
+            core.log(
+                f"measuring device ceilings {when}: {runs} storage runs with {tool} of "
+                f"{sizes.format_size(each)} each, every one cut off after {spec.max_seconds:g} s "
+                f"(at most {runs * spec.max_seconds / 60:.1f} min of writing, plus fsync), "
+                "then a memory copy"
+            )
+            drop = measure.drop_page_cache if self.cache_dropped else None
+            bar = tqdm(
+                total=runs,
+                unit="run",
+                desc="ceilings",
+                file=sys.stderr,
+                disable=core.quiet,
+                dynamic_ncols=True,
+                leave=False,
+            )
+
+            def progress(label: str) -> None:
+                bar.set_postfix_str(label)
+                bar.update(1)
+
+            try:
+                out = self._measure_ceilings(
+                    spec, largest, block, threads, tensor, drop, again, progress
+                )
+            finally:
+                bar.close()
             if drop:
                 drop()
             return out
@@ -310,6 +329,39 @@ class Sweep:
             core.note(f"device ceilings not measured: {why}")
             core.warn(f"warning: device ceilings not measured ({why}); no efficiency columns")
             return None
+
+    def _measure_ceilings(
+        self,
+        spec: Any,
+        largest: int,
+        block: int,
+        threads: int,
+        tensor: int,
+        drop: Any,
+        again: dict[str, Any] | None,
+        progress: Any,
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        return ceiling.measure(
+            self.targets,
+            cfg.ssd_counts,
+            largest,
+            block,
+            self.device,
+            use_fio=spec.tool != "builtin",
+            drop=drop,
+            caps=cfg.target_caps(),
+            repetitions=spec.repetitions,
+            min_bytes=spec.min_bytes,
+            copy_threads=threads,
+            tensor_bytes=tensor,
+            configs=ceiling.chosen_configs(again) if again else None,
+            direct_search=list(spec.direct_search),
+            buffered_jobs=list(spec.buffered_jobs),
+            max_bytes=spec.max_bytes,
+            max_seconds=spec.max_seconds,
+            progress=progress,
+        )
 
     def _ceiling_block(self) -> int:
         """The storage probes' block: the engines' chunk size."""
@@ -365,6 +417,8 @@ class Sweep:
                 caps=[caps[i] for i in idx],
                 copy_threads=self._copy_threads(),
                 keep=self._probe_buffers,
+                max_bytes=cfg.ceilings.max_bytes,
+                max_seconds=cfg.ceilings.max_seconds,
             )
         except (OSError, RuntimeError, ValueError) as e:
             why = " ".join(str(e).split())[:200]

@@ -147,6 +147,68 @@ def test_probe_honours_write_caps(scratch: Path, write) -> None:
     assert elapsed >= 8 * MiB / cap * 0.8
 
 
+@pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
+def test_a_storage_run_stops_writing_after_its_seconds(scratch: Path, write) -> None:
+    """A run bounded in time writes what it can by then, and its rate is of what it wrote: a
+    target capped at 8 MB/s, given 1.5 s for 64 MiB, writes a fraction of it at the cap."""
+    dirs = _dirs(scratch, 1)
+    cap = 8_000_000
+    t0 = time.perf_counter()
+    bw = write(dirs, 64 * MiB, MiB, True, 1, 2, [cap], 1.5)
+    elapsed = time.perf_counter() - t0
+    assert 0.3 * cap <= bw <= 1.3 * cap
+    assert elapsed < 64 * MiB / cap / 2  # it did not write the whole 64 MiB (8.4 s at the cap)
+    assert os.listdir(dirs[0]) == []
+
+
+def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, monkeypatch):
+    """A 40 GiB checkpoint's storage runs write at most `max_bytes` each, its copy ceiling
+    copies at most PROBE_COPY_BYTES, and the runs are as many as `storage_runs` says, each
+    reported to `progress`. Nothing of the checkpoint's size is allocated or written."""
+    dirs = _dirs(scratch, 2)
+    writes: list[tuple[int, float | None]] = []
+    copies: list[int] = []
+    real_write, real_copy = ceiling.builtin_write, ceiling.copy_bandwidth
+
+    def write(targets, share, block, direct, jobs, depth, caps=None, seconds=None):  # type: ignore[no-untyped-def]
+        writes.append((share * len(targets), seconds))
+        return real_write(targets, share, block, direct, jobs, depth, caps, seconds)
+
+    def copy(nbytes, *a, **k):  # type: ignore[no-untyped-def]
+        copies.append(nbytes)
+        return real_copy(nbytes, *a, **k)
+
+    monkeypatch.setattr(ceiling, "builtin_write", write)
+    monkeypatch.setattr(ceiling, "copy_bandwidth", copy)
+    monkeypatch.setattr(ceiling, "PROBE_COPY_BYTES", 4 * MiB)
+    seen: list[str] = []
+    search, jobs = [(1, 2), (2, 2)], [1, 2]
+    out = ceiling.measure(
+        dirs,
+        [1, 2],
+        40 << 30,
+        MiB,
+        devices.detect("host-emulated"),
+        use_fio=False,
+        repetitions=2,
+        min_bytes=4 * MiB,
+        max_bytes=8 * MiB,
+        max_seconds=30.0,
+        tensor_bytes=MiB,
+        direct_search=search,
+        buffered_jobs=jobs,
+        progress=seen.append,
+    )
+    assert {n for n, _ in writes} == {8 * MiB} and {s for _, s in writes} == {30.0}
+    assert len(writes) == len(seen) == ceiling.storage_runs([1, 2], search, jobs, 2) == 16
+    assert ceiling.storage_runs([1, 2], search, jobs, 2, searched=False) == 8
+    assert copies == [4 * MiB] and out["checkpoint_bytes"] == 40 << 30
+    assert out["max_bytes"] == 8 * MiB and out["per_ssd_count"]["2"]["file_bytes"] == 4 * MiB
+    assert seen[0].startswith("direct write x1: ") and seen[-1].startswith("buffered write x2: ")
+    assert ceiling.probe_bytes(100, 4 * MiB, 8 * MiB) == 4 * MiB  # at least min_bytes
+    assert ceiling.probe_bytes(6 * MiB, 4 * MiB, 8 * MiB) == 6 * MiB
+
+
 def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
     dirs = _dirs(scratch, 2)
     drops = []
@@ -236,9 +298,9 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     calls: list[tuple] = []
     real = ceiling.builtin_write
 
-    def spy(targets, share, block, direct, jobs, depth, caps=None):  # type: ignore[no-untyped-def]
+    def spy(targets, share, block, direct, jobs, depth, caps=None, seconds=None):  # type: ignore[no-untyped-def]
         calls.append((len(targets), share, direct, jobs, depth))
-        return real(targets, share, block, direct, jobs, depth, caps)
+        return real(targets, share, block, direct, jobs, depth, caps, seconds)
 
     chosen = {
         "direct_write": {"jobs": 2, "iodepth": 4},

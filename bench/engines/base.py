@@ -101,6 +101,35 @@ class PendingSave:
         return self.result
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What an engine holds besides the state itself at its peak, in bytes (bench.preflight
+    adds them up before a sweep runs). Host memory unless said otherwise."""
+
+    staging: int = 0  # kept from warm() through every save: staging, a cached copy, buffers
+    pinned: bool = False  # that staging is page-locked (CUDA)
+    save: int = 0  # added while a save runs (a copy the library makes, per-tensor transients)
+    page_cache: int = 0  # page cache a save fills (the kernel reclaims it; said, not refused)
+    # A restore into new memory: host memory it adds (and device memory on CUDA)
+    restore_host: int = 0
+    restore_device: int = 0
+    # A restore into the state's own tensors (`load(..., into=state)`): the host memory it adds;
+    # None where the engine cannot restore in place (`in_place_why` says why).
+    in_place_host: int | None = None
+    in_place_why: str = ""
+
+
+@dataclass(frozen=True)
+class StateSize:
+    """What the memory plan of a state depends on."""
+
+    nbytes: int  # all tensor bytes
+    largest: int  # the largest tensor's bytes
+    tensors: int  # how many tensors
+    cuda: bool  # on a CUDA device (else host-emulated: the state is host memory)
+    targets: int = 1  # the targets it is striped over
+
+
 class Engine(Protocol):
     """What every engine module provides (tests/test_engines.py checks each registered one)."""
 
@@ -114,14 +143,20 @@ class Engine(Protocol):
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         """None if the engine can run here with these options, else why not (one line)."""
 
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """What it will hold for a state of `size` with `options` (its validated options)."""
+
     def warm(self, state: Any) -> None:
         """Allocate and pre-fault what a save of `state` needs, outside any timed region."""
 
     def save(self, state: Any, name: str) -> PendingSave: ...
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         """The saved state on `device`; `checksums=False` skips checking the engine's own
-        checksums (the benchmark times the read alone, then calls `check()`)."""
+        checksums (the benchmark times the read alone, then calls `check()`). `into`: a state
+        of the same structure whose tensors the bytes are read into, in place, and which is
+        returned (no second copy of the state: a restore of a state that fills the memory)."""
 
     def check(self, name: str, state: Any) -> None:
         """Check a restored state against the checksums the engine recorded (a ChecksumError

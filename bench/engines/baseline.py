@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from bench import generations, manifest
-from bench.engines.base import build_options, check_name, check_targets
+from bench.engines.base import MemoryPlan, StateSize, build_options, check_name, check_targets
 from bench.engines.traits import Traits
 from bench.errors import UserError
 
@@ -37,6 +38,19 @@ class BaselineEngine:
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         return None
+
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """A library that writes from the tensors and reads the state back into new host memory
+        (then to the device on CUDA), its writes through the page cache; no restore in place
+        unless the engine says how."""
+        return MemoryPlan(
+            save=size.largest if size.cuda else 0,  # a device tensor copied to the host to write
+            page_cache=size.nbytes if cls.traits.page_cache else 0,
+            restore_host=size.nbytes,
+            restore_device=size.nbytes if size.cuda else 0,
+            in_place_why="it restores only into new memory",
+        )
 
     def ckpt_dir(self, name: str) -> str:
         return manifest.checkpoint_dir(self.targets[0], check_name(name))
@@ -151,3 +165,24 @@ class BaselineEngine:
 
     def close(self) -> None:
         pass
+
+
+def load_into(into: Any, tensors: Iterable[Any], count: int) -> Any:
+    """Copy `count` restored tensors, taken one at a time from `tensors` (mapped from their file,
+    or read one by one), into `into`'s, in place, and return `into`: a restore that holds no
+    second copy of the state."""
+    from bench.tree import flatten
+
+    dst = [t for _, t in flatten(into)[1]]
+    if len(dst) != count:
+        raise UserError(
+            f"the checkpoint holds {count} tensors; the state to restore into has {len(dst)}"
+        )
+    for d, t in zip(dst, tensors, strict=True):
+        if d.shape != t.shape or d.dtype != t.dtype:
+            raise UserError(
+                f"the checkpoint's tensor of {tuple(t.shape)} {t.dtype} cannot be restored into "
+                f"one of {tuple(d.shape)} {d.dtype}"
+            )
+        d.copy_(t)
+    return into

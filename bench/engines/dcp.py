@@ -19,7 +19,7 @@ import warnings
 from typing import Any
 
 from bench import manifest
-from bench.engines.base import PendingSave, SaveResult
+from bench.engines.base import MemoryPlan, PendingSave, SaveResult, StateSize
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
 from bench.tree import flatten
@@ -149,12 +149,35 @@ class Dcp(BaselineEngine):
         self._pending = pending
         return pending
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """Cached staging keeps a host copy of the state (pinned on CUDA); plain staging makes
+        one inside every save. A restore builds the state anew; in place, DCP reads each item
+        into the state's own tensor (dcp.load), one item's bytes at a time."""
+        base = super().memory_plan(size, options)
+        cached = options.staging == "cached"
+        return MemoryPlan(
+            staging=size.nbytes if cached else 0,
+            pinned=cached and size.cuda,
+            save=0 if cached else size.nbytes,
+            page_cache=base.page_cache,
+            restore_host=base.restore_host,
+            restore_device=base.restore_device,
+            in_place_host=size.largest,
+        )
+
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         from torch.distributed.checkpoint.state_dict_loader import (
             _load_state_dict_from_keys,
         )
 
         d = self.current_dir(name)
+        if into is not None:
+            import torch.distributed.checkpoint as dcp
+
+            # this engine saves its own state alone (no_dist), and loads it so
+            dcp.load(into, storage_reader=dcp.FileSystemReader(d), no_dist=True)
+            return into
         if _no_dist():
             state = _load_alone(d)
         else:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.engines.base import PendingSave
+from bench.engines.base import MemoryPlan, PendingSave, StateSize
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
+from bench.errors import UserError
 
 FILE = "state.pt"
 HOW_TO = (
@@ -104,6 +105,21 @@ class FastPersist(BaselineEngine):
             o.buffer_bytes, torch.empty(0, dtype=torch.uint8)
         )
 
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """DeepSpeed's page-locked double buffer (`buffer_bytes`); O_DIRECT writes, no page cache;
+        torch.load builds the state anew (not restored in place: not measured without
+        DeepSpeed)."""
+        base = super().memory_plan(size, options)
+        return MemoryPlan(
+            staging=options.buffer_bytes,
+            pinned=True,
+            save=base.save,
+            restore_host=base.restore_host,
+            restore_device=base.restore_device,
+            in_place_why="its restore in place was never measured (no DeepSpeed on the machines)",
+        )
+
     def warm(self, state: Any) -> None:
         self._setup()
 
@@ -140,8 +156,11 @@ class FastPersist(BaselineEngine):
         }
         return self._sync_save(state, name, write, extra)
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         import torch
+
+        if into is not None:
+            raise UserError("fastpersist: no restore in place (see memory_plan)")
 
         return torch.load(
             os.path.join(self.current_dir(name), FILE), map_location=device, weights_only=True

@@ -63,8 +63,8 @@ import torch
 
 from bench import checksums, layout, manifest, odirect
 from bench import env as env_mod
-from bench.engines.base import PendingSave, check_name
-from bench.engines.striped import StripedEngine
+from bench.engines.base import MemoryPlan, PendingSave, StateSize, check_name
+from bench.engines.striped import StripedEngine, check_into
 from bench.engines.traits import Traits
 from bench.errors import UserError
 from bench.staging import PinnedBuffer
@@ -368,6 +368,29 @@ class Gds(StripedEngine):
         if self.io != "kvikio":
             return "emulated"
         return kvikio_mode(self._kvikio)
+
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """No staging. Through kvikio: its bounce buffers (`bounce_buffer_size`, 16 MiB by
+        default, per thread, in compat mode) and restores straight into device memory; the
+        emulation on CUDA: a pinned bounce buffer per writer thread."""
+        threads = options.threads_per_target * size.targets
+        base = super().memory_plan(size, options)
+        kvikio = size.cuda and options.io in ("auto", "kvikio")
+        if kvikio:
+            return MemoryPlan(
+                staging=threads * (16 << 20),
+                restore_device=size.nbytes,
+                in_place_host=0,
+            )
+        bounce = threads * (options.chunk_bytes + 2 * odirect.ALIGN) if size.cuda else 0
+        return MemoryPlan(
+            staging=bounce,
+            pinned=size.cuda,
+            restore_host=base.restore_host,
+            restore_device=base.restore_device,
+            in_place_host=base.in_place_host,
+        )
 
     # -- kvikio settings and files ----------------------------------------------------------
 
@@ -793,16 +816,24 @@ class Gds(StripedEngine):
 
     # -- restore ----------------------------------------------------------------------------
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         """Restore `name`; into CUDA memory through kvikio pread (the GDS read path) when this
-        engine writes with kvikio, else through host memory like the other engines."""
+        engine writes with kvikio, else through host memory like the other engines. `into`: a
+        state whose tensors the bytes are read into, in place (through kvikio, the contiguous
+        device tensors straight into their memory)."""
         dev = torch.device(device)
+        dst: list[torch.Tensor] | None = None
+        if into is not None:
+            dst = [t for _, t in flatten(into)[1]]
+            dev = next((t.device for t in dst if on_device(t)), dev)
         if self.io != "kvikio" or dev.type != "cuda":
             self.restore_mode, self.restore_detail = "host", {}
-            return super().load(name, device, checksums)
+            return super().load(name, device, checksums, into)
         check_name(name)
         m = manifest.read(self.targets, name)
         layout.check_files(self.targets, m)
+        if dst is not None:
+            check_into(m, dst)
         settings = self._settings()
         reset = self._ensure_settings()
         reasons: list[str] = []
@@ -820,7 +851,11 @@ class Gds(StripedEngine):
             for i, e in enumerate(m.tensors):
                 if i in host_side:
                     continue
-                buf = device_empty(e.nbytes, dev)
+                buf = (
+                    dst[i].detach().reshape(-1).view(torch.uint8)
+                    if dst is not None and on_device(dst[i]) and dst[i].is_contiguous()
+                    else device_empty(e.nbytes, dev)
+                )
                 out[i] = buf
                 pos = 0
                 for t, off, length in e.extents:
@@ -869,6 +904,11 @@ class Gds(StripedEngine):
             **({"compat_reasons": reasons} if reasons else {}),
         }
         tensors = [layout.typed(out[i], e) for i, e in enumerate(m.tensors)]
+        if dst is not None:
+            for t, got in zip(dst, tensors, strict=True):
+                if got.numel() and t.data_ptr() != got.data_ptr():
+                    t.copy_(got)  # read elsewhere: a host tensor, or a strided device one
+            return into
         return unflatten(m.tree, tensors)
 
 

@@ -13,7 +13,7 @@ import os
 import struct
 from typing import Any
 
-from bench.engines.base import PendingSave
+from bench.engines.base import MemoryPlan, PendingSave, StateSize
 from bench.engines.baseline import BaselineEngine
 from bench.engines.traits import Traits
 from bench.tree import flatten, unflatten
@@ -60,12 +60,31 @@ class Safetensors(BaselineEngine):
 
         return self._sync_save(state, name, write)
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """save_file writes from the tensors' memory (measured: no copy of the state on the
+        host); the restore reads the whole file into memory and builds the tensors from it
+        (twice the state); in place, each tensor is taken from the mapped file (safe_open) and
+        copied into the state's."""
+        base = super().memory_plan(size, options)
+        return MemoryPlan(
+            save=size.nbytes if size.cuda else 0,  # not measured on CUDA: the whole state
+            page_cache=base.page_cache,
+            restore_host=2 * size.nbytes,
+            restore_device=base.restore_device,
+            in_place_host=size.largest,
+        )
+
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         """Read the whole file and build the tensors from it, as torch.load does: safe_open would
         map the file and leave the reading to whoever touches the tensors later, outside the
-        timed restore."""
+        timed restore. `into`: each tensor taken from the mapped file and copied into the
+        state's at once, inside the timed restore."""
         import torch
         from safetensors.torch import load
+
+        if into is not None:
+            return self._load_into(name, into)
 
         with open(os.path.join(self.current_dir(name), FILE), "rb") as f:
             data = f.read()
@@ -77,3 +96,13 @@ class Safetensors(BaselineEngine):
         if torch.device(device).type != "cpu":
             tensors = [t.to(device) for t in tensors]
         return unflatten(tree, tensors)
+
+    def _load_into(self, name: str, into: Any) -> Any:
+        from safetensors import safe_open
+
+        from bench.engines.baseline import load_into
+
+        path = os.path.join(self.current_dir(name), FILE)
+        with safe_open(path, framework="pt", device="cpu") as f:
+            keys = sorted(f.keys(), key=lambda k: int(k[1:]))
+            return load_into(into, (f.get_tensor(k) for k in keys), len(keys))

@@ -25,8 +25,10 @@ import xxhash
 from bench import checksums, generations, layout, manifest, odirect, pacing
 from bench.devices import detect
 from bench.engines.base import (
+    MemoryPlan,
     PendingSave,
     SaveResult,
+    StateSize,
     build_options,
     check_name,
     check_targets,
@@ -87,6 +89,19 @@ class StripedEngine:
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
         return None
+
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """The direct path holds no staging (`Gds` adds its bounce buffers). A restore into new
+        memory reads every tensor into host memory (then to the device on CUDA); in place,
+        host tensors are read straight into their memory and device tensors one at a time
+        through host memory."""
+        return MemoryPlan(
+            save=0,
+            restore_host=size.nbytes,
+            restore_device=size.nbytes if size.cuda else 0,
+            in_place_host=size.largest if size.cuda else 0,
+        )
 
     def _resolve_overlap(self, n_copy: int) -> bool:
         """`overlap: auto`: on when the snapshot is a DMA (CUDA) or the copy threads leave a
@@ -313,14 +328,30 @@ class StripedEngine:
 
     # -- load and housekeeping --------------------------------------------------------------
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         check_name(name)
         m = manifest.read(self.targets, name)
+        if into is not None:
+            return self._load_into(m, into, checksums)
         tensors = layout.read_tensors(self.targets, m, check=checksums)
         dev = torch.device(device)
         if dev.type != "cpu":
             tensors = [t.to(dev) for t in tensors]
         return unflatten(m.tree, tensors)
+
+    def _load_into(self, m: manifest.Manifest, into: Any, checksums: bool) -> Any:
+        """Read checkpoint `m` into the tensors of `into`, in place: contiguous host tensors
+        straight into their memory, the others one at a time through host memory."""
+        dst = [t for _, t in flatten(into)[1]]
+        check_into(m, dst)
+        direct = [i for i, t in enumerate(dst) if t.device.type == "cpu" and t.is_contiguous()]
+        if direct:
+            flat = [dst[i].detach().reshape(-1).view(torch.uint8) for i in direct]
+            layout.read_tensors(self.targets, m, only=direct, check=checksums, into=flat)
+        for i in sorted(set(range(len(dst))) - set(direct)):
+            (src,) = layout.read_tensors(self.targets, m, only=[i], check=checksums)
+            dst[i].copy_(src)
+        return into
 
     def check(self, name: str, state: Any) -> None:
         """Check a restored state's tensors against the checksums of `name`'s manifest."""
@@ -383,8 +414,39 @@ def _host_bytes(t: torch.Tensor) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+def check_into(m: manifest.Manifest, dst: list[torch.Tensor]) -> None:
+    """`dst` can take checkpoint `m` in place: as many tensors, each of its entry's bytes."""
+    if len(dst) != len(m.tensors):
+        raise UserError(
+            f"checkpoint {m.name!r} holds {len(m.tensors)} tensors; the state to restore into "
+            f"has {len(dst)}"
+        )
+    for e, t in zip(m.tensors, dst, strict=True):
+        if t.numel() * t.element_size() != e.nbytes:
+            raise UserError(
+                f"checkpoint {m.name!r}: tensor {e.path} has {e.nbytes} bytes, the one to "
+                f"restore it into {t.numel() * t.element_size()}"
+            )
+
+
 class SnapshotEngine(StripedEngine):
     """cpu-double and cpu-single: snapshot into staging (the stall), persist in the background."""
+
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """Staging of the whole state, each tensor 4 KiB-aligned (or `staging_chunks` chunks),
+        pinned on CUDA; cpu-double's writes fill the page cache with the state."""
+        packed = size.nbytes + size.tensors * odirect.ALIGN
+        k = options.staging_chunks
+        base = super().memory_plan(size, options)
+        return MemoryPlan(
+            staging=min(packed, k * options.chunk_bytes) if k else packed,
+            pinned=size.cuda,
+            page_cache=size.nbytes if cls.traits.page_cache else 0,
+            restore_host=base.restore_host,
+            restore_device=base.restore_device,
+            in_place_host=base.in_place_host,
+        )
 
     def _staging_need(self, used: int) -> int:
         k = self.options.staging_chunks

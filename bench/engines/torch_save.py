@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from bench.engines.base import PendingSave
-from bench.engines.baseline import BaselineEngine
+from bench.engines.base import MemoryPlan, PendingSave, StateSize
+from bench.engines.baseline import BaselineEngine, load_into
 from bench.engines.traits import Traits
 from bench.tree import flatten
 
@@ -44,10 +44,28 @@ class TorchSave(BaselineEngine):
 
         return self._sync_save(state, name, write)
 
-    def load(self, name: str, device: str = "cpu", checksums: bool = True) -> Any:
-        return torch.load(
-            os.path.join(self.current_dir(name), FILE), map_location=device, weights_only=True
+    @classmethod
+    def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
+        """torch.save writes each storage from the tensor's memory (a device one through a host
+        copy); torch.load builds the whole state anew; in place, the file is mapped
+        (torch.load(mmap=True): its pages are page cache, which the kernel reclaims) and each
+        tensor copied into the state's."""
+        base = super().memory_plan(size, options)
+        return MemoryPlan(
+            save=base.save,
+            page_cache=base.page_cache,
+            restore_host=base.restore_host,
+            restore_device=base.restore_device,
+            in_place_host=size.largest if size.cuda else 0,
         )
+
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
+        path = os.path.join(self.current_dir(name), FILE)
+        if into is not None:
+            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            tensors = [t for _, t in flatten(loaded)[1]]
+            return load_into(into, tensors, len(tensors))
+        return torch.load(path, map_location=device, weights_only=True)
 
 
 def _tensor_bytes(state: Any) -> int:

@@ -71,6 +71,36 @@ def _llama_shapes(a: Arch, world_size: int, rank: int) -> list[tuple[str, tuple[
     return shapes
 
 
+def _shapes(preset: str, world_size: int, rank: int) -> list[tuple[str, tuple[int, ...]]]:
+    if preset not in PRESETS:
+        raise UserError(f"unknown model preset {preset!r} (known: {', '.join(PRESETS)})")
+    a = PRESETS[preset]
+    if a.kind == "llama":
+        if not (1 <= world_size <= a.n_layer) or not (0 <= rank < world_size):
+            raise UserError(
+                f"{preset}: need 1 <= world_size <= {a.n_layer} and 0 <= rank < world_size, "
+                f"got world_size={world_size}, rank={rank}"
+            )
+        return _llama_shapes(a, world_size, rank)
+    return _gpt2_shapes(a)
+
+
+def model_size(
+    preset: str,
+    dtype: torch.dtype = torch.float32,
+    optimizer: bool = True,
+    world_size: int = 8,
+    rank: int = 0,
+) -> tuple[int, int, int]:
+    """(bytes, largest tensor's bytes, tensors) of `model_state`'s state, without building it."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    sizes = [int(np.prod(shape)) * item for _, shape in _shapes(preset, world_size, rank)]
+    if optimizer:  # exp_avg and exp_avg_sq in fp32, and a 4-byte step per parameter
+        sizes += [int(np.prod(shape)) * 4 for _, shape in _shapes(preset, world_size, rank)] * 2
+        sizes += [4] * (len(sizes) // 3)
+    return sum(sizes), max(sizes), len(sizes)
+
+
 def model_state(
     preset: str,
     device: torch.device | str = "cpu",
@@ -81,18 +111,7 @@ def model_state(
     seed: int = 0,
 ) -> dict[str, Any]:
     """The checkpoint state of a preset model (and its AdamW state when `optimizer`)."""
-    if preset not in PRESETS:
-        raise UserError(f"unknown model preset {preset!r} (known: {', '.join(PRESETS)})")
-    a = PRESETS[preset]
-    if a.kind == "llama":
-        if not (1 <= world_size <= a.n_layer) or not (0 <= rank < world_size):
-            raise UserError(
-                f"{preset}: need 1 <= world_size <= {a.n_layer} and 0 <= rank < world_size, "
-                f"got world_size={world_size}, rank={rank}"
-            )
-        shapes = _llama_shapes(a, world_size, rank)
-    else:
-        shapes = _gpt2_shapes(a)
+    shapes = _shapes(preset, world_size, rank)
     rng = np.random.Generator(np.random.SFC64(seed))
     memory = DeviceMemory(device)
 
