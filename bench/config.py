@@ -105,6 +105,11 @@ class Config(Strict):
     seed: int = 0
     verify: bool = True
     on_error: Literal["continue", "stop"] = "continue"
+    # How each case's restore is held: `fresh` into new memory (then compared byte for byte
+    # with the source), `in-place` into the state's own tensors (checked against fingerprints
+    # of the source taken before the save), `auto` fresh where a second copy fits, else in
+    # place (bench.preflight).
+    restore: Literal["auto", "fresh", "in-place"] = "auto"
     engine_options: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()
     ranks: RanksSpec | None = None

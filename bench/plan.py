@@ -28,6 +28,25 @@ class Workload:
     tensor_bytes: int  # 0 for models (mixed sizes)
     model: config_mod.ModelSpec | None = None
 
+    def size(self, cfg: config_mod.Config, cuda: bool, targets: int, total: int | None = None):
+        """Its state's size (bench.engines.base.StateSize), without building it; `total`: a
+        rank's shard of a synthetic workload."""
+        from bench.engines.base import StateSize
+
+        if self.model is None:
+            nbytes = self.total_bytes if total is None else total
+            each = min(self.tensor_bytes, nbytes)
+            return StateSize(nbytes, each, -(-nbytes // max(each, 1)), cuda, targets)
+        import torch
+
+        from bench.workloads.models import model_size
+
+        m = self.model
+        nbytes, largest, n = model_size(
+            m.preset, getattr(torch, m.dtype), m.optimizer, m.world_size, m.rank
+        )
+        return StateSize(nbytes, largest, n, cuda, targets)
+
     def build(
         self, cfg: config_mod.Config, device: Any, total: int | None = None, seed: int = 0
     ) -> Any:

@@ -62,10 +62,14 @@ COLUMNS = [
     "restore_mode",
     "ceiling_beaten",
     "restore_resident_bytes",
+    "restore_into",
 ]
 # io_detail: what the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's
 # settings, device/host/registered bytes, why a save was labelled compat); restore_mode: how the
-# restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`).
+# restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`);
+# restore_into: `fresh` (new memory, compared byte for byte with the source) or `in-place` (into
+# the state's own tensors, where a second copy would not fit: checked against fingerprints of
+# the source taken before the save, bench.verify).
 STEPS_CSV, CKPTS_CSV = "training_steps.csv", "training_checkpoints.csv"  # `ckptbench train` runs
 # Multi-rank runs (bench.distributed) add one row per rank and one aggregate row per repetition.
 # Single-process rows: rank 0, world_size 1, node = this host, node_rank 0, aggregate False,

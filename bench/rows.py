@@ -93,6 +93,7 @@ def new_row(
         "io_detail": "",
         "restore_mode": "",
         "restore_resident_bytes": None,
+        "restore_into": None,
     }
 
 
@@ -149,26 +150,36 @@ def restore_phase(
     device: Any,
     check: bool,
     load: Any = None,
+    fingerprint: list[tuple[str, str]] | None = None,
 ) -> None:
     """Evict the checkpoint's pages (and check with mincore that they are gone: restore_s must
     be a read from the device), restore it, timed, without the engine's own checksums, so that
     restore_s means the same for every engine; then, untimed, check those checksums and, if
-    `check`, compare with the source byte for byte. Fills restore_s, restore_resident_bytes,
-    verified and (on a difference) error. `load(name, device, checksums)` replaces `eng.load`
-    (bench.distributed checks the world size first)."""
+    `check`, compare with the source: byte for byte, or, for a restore in place (`fingerprint`
+    of the source taken before the save given: the restore overwrites the state's own tensors,
+    and no second copy of it is held), the restored tensors' fingerprints with the source's.
+    Fills restore_s, restore_resident_bytes, restore_into, verified and (on a difference)
+    error. `load(name, device, checksums[, into])` replaces `eng.load` (bench.distributed
+    checks the world size first)."""
     files = eng.cached_files(name)
     measure.evict_files(files)
     row["restore_resident_bytes"] = measure.resident_bytes(files)
+    in_place = fingerprint is not None
+    row["restore_into"] = "in-place" if in_place else "fresh"
+    kw = {"into": state} if in_place else {}
     t0 = measure.now_ns()
-    loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False)
+    loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False, **kw)
     device.synchronize()
     row["restore_s"] = (measure.now_ns() - t0) / 1e9
     row["restore_mode"] = getattr(eng, "restore_mode", "host")
     eng.check(name, loaded)
     if check:
-        loose = REGISTRY[engine].traits.loose_keys
-        compare = verify.first_tensor_difference if loose else verify.first_difference
-        diff = compare(state, loaded)
+        if in_place:
+            diff = verify.first_fingerprint_difference(fingerprint, verify.fingerprint(loaded))
+        else:
+            loose = REGISTRY[engine].traits.loose_keys
+            compare = verify.first_tensor_difference if loose else verify.first_difference
+            diff = compare(state, loaded)
         row["verified"] = diff is None
         if diff:
             row["error"] = f"restored state differs at {diff}"

@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import ceiling, measure, plan, results, rows, sizes
+from bench import ceiling, measure, plan, preflight, results, rows, sizes, verify
 from bench import config as config_mod
 from bench import distributed as dist
 from bench import env as env_mod
@@ -30,6 +30,7 @@ from bench.core import Core
 from bench.efficiency import rejudge_csv
 from bench.engines import REGISTRY
 from bench.errors import UserError
+from bench.schema import DTYPES
 
 
 class Sweep:
@@ -55,6 +56,8 @@ class Sweep:
         self.spec = cfg.ranks or config_mod.RanksSpec(nproc=self.world.size)
         self.faults = dist.faults() if ranked else {}
         self.saves = 0  # saves this rank took part in (fault injection counts them)
+        self.verdicts: dict[tuple[str, str, str], preflight.Verdict] = {}
+        self._fingerprint: list[tuple[str, str]] | None = None  # the state's, for in-place
         self.ceilings: dict[str, Any] | None = None
         self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
         self.cache_dropped = False
@@ -103,6 +106,7 @@ class Sweep:
             self.groups = plan.local_groups(cfg)
             self.layout = {g.key: [(list(range(g.n)), False)] for g in self.groups}
         self.engines = core.runnable(cfg.engines)
+        self._preflight(wls)
         w.agree("the target check", lambda: self._check_targets(wls))
         paths = {g.key: got[0] for g in self.groups if (got := self.my_targets(g))}
         paths_all = w.all_gather(paths, "the target check")
@@ -113,8 +117,13 @@ class Sweep:
         self._environment(wls, paths_all)
         if w.rank == 0:
             core.open_writers({"results.csv": results.COLUMNS})
-        per_wl = sum(len(plan.engines_at(cfg, self.engines, g.n)) for g in self.groups)
-        n_saves = per_wl * len(wls) * (cfg.warmups + cfg.repetitions)
+        n_saves = (cfg.warmups + cfg.repetitions) * sum(
+            1
+            for g in self.groups
+            for wl in wls
+            for e in plan.engines_at(cfg, self.engines, g.n)
+            if self.verdicts[(wl.id, g.key, e)].restore is not None
+        )
         if self.ranked:
             core.log(
                 f"run {core.run_id}: {w.size} ranks, {n_saves} checkpoints (each by up to "
@@ -150,6 +159,75 @@ class Sweep:
             core.env["sweep"]["finished"] = True
             core.write_env()
         return core.run_dir or ""
+
+    def _preflight(self, wls: list[plan.Workload]) -> None:
+        """What every case will hold at its peak against what this machine has
+        (bench.preflight), before the first ceiling and the first state: `self.verdicts`, with
+        each case's restore (fresh or in place). A case that cannot fit is refused in one line:
+        with `on_error: stop`, or when no case fits, the run is (exit 2); else that case is
+        skipped and said in the notes. Under torchrun every rank judges its own shard against
+        its node's share of host memory, and a case refused on one rank is refused on all."""
+        cfg, w, core = self.cfg, self.world, self.core
+        cuda = self.device.is_cuda
+        local = 1
+        if self.ranked:
+            local = sum(1 for t in self.table if t["node_rank"] == w.node_rank)
+        avail = preflight.host_available() // local - preflight.HEADROOM
+        gpu = preflight.device_free(self.device)
+        opts = config_mod.resolved(cfg)["engine_options"]
+        verdicts: dict[tuple[str, str, str], preflight.Verdict] = {}
+        for g in self.groups:
+            names = plan.engines_at(cfg, self.engines, g.n)
+            for wl in wls:
+                total = None
+                if self.ranked and wl.model is None:
+                    item = DTYPES[cfg.dtype]
+                    total = dist.shard_bytes(wl.total_bytes, g.k, 0, item, self.spec.shard)
+                size = wl.size(cfg, cuda, g.n, total)
+                extra = {}
+                if cfg.ceilings.enabled and cfg.ceilings.probes and not self.ranked:
+                    extra["copy probe"] = 2 * min(size.nbytes, ceiling.PROBE_COPY_BYTES)
+                case = f"{wl.id} x{g.n}"
+                for v in preflight.judge(case, names, size, opts, avail, gpu, extra, cfg.restore):
+                    verdicts[(wl.id, g.key, v.engine)] = v
+        if self.ranked:  # refused anywhere, refused everywhere
+            refused = {
+                k
+                for got in w.all_gather(
+                    [k for k, v in verdicts.items() if v.restore is None], "the preflight"
+                )
+                for k in map(tuple, got)
+            }
+            for k in refused:
+                if verdicts[k].restore is not None:
+                    verdicts[k] = preflight.Verdict(k[2], None, f"{k[0]} {k[2]}: refused on a rank")
+        self.verdicts = verdicts
+        bad = [v.why for v in verdicts.values() if v.restore is None]
+        if bad and (cfg.on_error == "stop" or len(bad) == len(verdicts)):
+            raise UserError(bad[0] + (f" (and {len(bad) - 1} more cases)" if len(bad) > 1 else ""))
+        for why in bad:
+            core.note(f"case skipped: {why}")
+            core.warn(f"skipped: {why}")
+        for (wid, gkey, e), v in verdicts.items():
+            if v.restore == "in-place" and cfg.restore == "auto":
+                core.note(
+                    f"{wid} {gkey} {e}: restored in place (a second copy of the state does not "
+                    "fit in host memory) and checked against the source's fingerprints"
+                )
+        core.env["preflight"] = {
+            "host_available_bytes": avail + preflight.HEADROOM,
+            "headroom_bytes": preflight.HEADROOM,
+            "gpu_free_bytes": gpu,
+            "memlock_bytes": preflight.memlock_limit(),
+            "cases": {
+                f"{wid} {gkey} {e}": {
+                    "restore": v.restore,
+                    "host_peak_bytes": v.host_need,
+                    **({"refused": v.why} if v.restore is None else {}),
+                }
+                for (wid, gkey, e), v in verdicts.items()
+            },
+        }
 
     def my_targets(self, g: plan.Group) -> tuple[list[str], list[int]] | None:
         """This rank's target directories for group g and their indices in the config's
@@ -454,12 +532,23 @@ class Sweep:
                     for i in range(cfg.warmups + cfg.repetitions)
                     for e in names
                     if plan.case_key(wl, g, e, i, cfg.warmups) not in self.done
+                    and self.verdicts[(wl.id, g.key, e)].restore is not None
                 ]
                 if not todo:
                     continue
                 if self.core.bar is not None:
                     self.core.bar.set_description(f"{wl.id} {g.key}")
-                state = w.agree(f"the state of {wl.id}", lambda wl=wl: self._build(wl, g, engines))
+                for eng in engines.values():  # what is held is what the preflight counted
+                    eng.release()
+                admitted = {
+                    e: eng
+                    for e, eng in engines.items()
+                    if self.verdicts[(wl.id, g.key, e)].restore is not None
+                }
+                state = w.agree(
+                    f"the state of {wl.id}",
+                    lambda wl=wl, admitted=admitted: self._build(wl, g, admitted),
+                )
                 if self.cache_dropped and w.local_rank == 0:
                     measure.drop_page_cache()
                 probed = False
@@ -468,8 +557,15 @@ class Sweep:
                         # after the warm-ups, in the conditions of the timed saves
                         self._probe(g, wl)
                         probed = True
-                    self._case(g, wl, e, engines.get(e), state, i)
+                    if not self._case(g, wl, e, admitted.get(e), state, i):
+                        # a restore in place that did not verify left wrong bytes in the state
+                        del state
+                        state = w.agree(
+                            f"the state of {wl.id}",
+                            lambda wl=wl, admitted=admitted: self._build(wl, g, admitted),
+                        )
                 del state
+                self._fingerprint = None
         finally:
             for eng in engines.values():
                 eng.close()
@@ -483,14 +579,21 @@ class Sweep:
             state = dist.build_shard(self, wl, g)
         else:
             state = wl.build(self.cfg, self.device.torch_device)
+        self._fingerprint = None
+        if self.cfg.verify and any(
+            self.verdicts[(wl.id, g.key, e)].restore == "in-place" for e in engines
+        ):
+            # what a restore in place is checked against: taken now, before any save
+            self._fingerprint = verify.fingerprint(state)
         for eng in engines.values():
             eng.warm(state)
         return state
 
     def _case(
         self, g: plan.Group, wl: plan.Workload, engine: str, eng: Any, state: Any, i: int
-    ) -> None:
-        """One repetition on every rank: aligned save, aligned restore, rows to rank 0."""
+    ) -> bool:
+        """One repetition on every rank: aligned save, aligned restore, rows to rank 0. False
+        when a restore in place failed or did not verify: the state may hold its wrong bytes."""
         cfg, w, core = self.cfg, self.world, self.core
         key = plan.case_key(wl, g, engine, i, cfg.warmups)
         case_id, warm, rep = key
@@ -564,6 +667,11 @@ class Sweep:
                 bad["error"],
                 case_id if not self.ranked else f"{case_id}, rank {bad['rank']}",
             )
+        return not (
+            row is not None
+            and row.get("restore_into") == "in-place"
+            and (row["error"] or (cfg.verify and not row["verified"]))
+        )
 
     def _save(self, row: dict[str, Any], eng: Any, state: Any, name: str, g: plan.Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))
@@ -592,16 +700,25 @@ class Sweep:
         w = self.world
         load = (
             (
-                lambda n, device, checksums=True: dist.load_shard(
-                    eng, base, w.rank, g.k, device, checksums
+                lambda n, device, checksums=True, into=None: dist.load_shard(
+                    eng, base, w.rank, g.k, device, checksums, into
                 )
             )
             if self.ranked
             else None
         )
+        in_place = self.verdicts[(row["workload"], g.key, engine)].restore == "in-place"
         try:
             rows.restore_phase(
-                row, eng, engine, state, name, self.device, self.cfg.verify, load=load
+                row,
+                eng,
+                engine,
+                state,
+                name,
+                self.device,
+                self.cfg.verify,
+                load=load,
+                fingerprint=(self._fingerprint or []) if in_place else None,
             )
         except Exception as e:
             row["error"] = rows.error_text(e)

@@ -1,4 +1,6 @@
-"""Byte-for-byte comparison of a restored state with the source state."""
+"""Byte-for-byte comparison of a restored state with the source state, and, for a state restored
+in place (no second copy to compare with), of the fingerprints taken of the source before the
+save with those of the restored state."""
 
 from __future__ import annotations
 
@@ -67,4 +69,36 @@ def first_tensor_difference(a: Any, b: Any) -> str | None:
     for k, t in ta.items():
         if not same_tensor(t, tb[k]):
             return "/".join(k)
+    return None
+
+
+def fingerprint(state: Any) -> list[tuple[str, str]]:
+    """(path, digest) of every tensor of `state`, computed where its bytes are: xxh3 of a host
+    tensor's bytes, wsum64 of a CUDA tensor's on the device. No copy of the state is made (a
+    non-contiguous tensor is copied alone, one at a time)."""
+    from bench import checksums
+    from bench.tree import flatten
+
+    out = []
+    for path, t in flatten(state)[1]:
+        flat = t.detach().contiguous().reshape(-1)
+        flat = flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
+        if flat.device.type == "cpu":
+            digest = checksums.checksum(flat.numpy())
+        else:
+            digest = checksums.device_checksum(flat)
+        out.append((path, f"{t.dtype}{tuple(t.shape)}:{digest}"))
+    return out
+
+
+def first_fingerprint_difference(
+    before: list[tuple[str, str]], after: list[tuple[str, str]]
+) -> str | None:
+    """None if the two fingerprints agree tensor for tensor, else the first tensor's path that
+    differs."""
+    if len(before) != len(after):
+        return f"(root) ({len(before)} tensors vs {len(after)})"
+    for (path, a), (_, b) in zip(before, after, strict=True):
+        if a != b:
+            return path
     return None

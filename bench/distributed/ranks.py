@@ -98,11 +98,21 @@ def save_shard(eng: Any, state: Any, base: str, rank: int, world: int) -> Any:
 
 
 def load_shard(
-    eng: Any, base: str, rank: int, world: int, device: str = "cpu", checksums: bool = True
+    eng: Any,
+    base: str,
+    rank: int,
+    world: int,
+    device: str = "cpu",
+    checksums: bool = True,
+    into: Any = None,
 ) -> Any:
-    """This rank's shard of checkpoint `base`; refused when another world size saved it."""
+    """This rank's shard of checkpoint `base` (into `into`'s tensors, if given); refused when
+    another world size saved it."""
     check_world(eng.targets[0], base, rank, world)
-    return eng.load(shard_name(base, rank, world), device=device, checksums=checksums)
+    name = shard_name(base, rank, world)
+    if into is not None:
+        return eng.load(name, device=device, checksums=checksums, into=into)
+    return eng.load(name, device=device, checksums=checksums)
 
 
 # --- planning the groups of a multi-rank sweep ------------------------------------------------

@@ -168,6 +168,9 @@ class Engine(Protocol):
     def cached_files(self, name: str) -> list[str]:
         """The files of checkpoint `name` (so a benchmark can drop them from the page cache)."""
 
+    def release(self) -> None:
+        """Free what it holds between saves (staging, cached copies); `warm()` makes it again."""
+
     def close(self) -> None: ...
 
 

@@ -166,6 +166,9 @@ class BaselineEngine:
     def close(self) -> None:
         pass
 
+    def release(self) -> None:
+        """Drop what is held between saves (nothing here; the next `warm()` makes it again)."""
+
 
 def load_into(into: Any, tensors: Iterable[Any], count: int) -> Any:
     """Copy `count` restored tensors, taken one at a time from `tensors` (mapped from their file,

@@ -51,18 +51,31 @@ class Dcp(BaselineEngine):
         self._staged_bytes = 0
         if self.options.checkpointer == "process":
             self._own_group = _ensure_group()
-        if self.options.staging == "cached":
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        self._stager = self._new_stager()
 
-            cuda = _cuda()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
-                    use_shared_memory=self.options.checkpointer == "process",
-                    use_async_staging=True,
-                    use_non_blocking_copy=cuda,
-                )
+    def _new_stager(self) -> Any:
+        """DCP's DefaultStager for cached staging (None for plain staging): it allocates its
+        copy of the state on the first `stage()`."""
+        if self.options.staging != "cached":
+            return None
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        cuda = _cuda()
+        return DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=self.options.checkpointer == "process",
+                use_async_staging=True,
+                use_non_blocking_copy=cuda,
             )
+        )
+
+    def release(self) -> None:
+        """Drop the staged copy (a new stager stages the next state afresh in `warm()`)."""
+        self.wait_idle()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = self._new_stager()
 
     def warm(self, state: Any) -> None:
         """Fill DCP's staging cache for `state` (cached staging), outside the timed region."""

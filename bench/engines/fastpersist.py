@@ -170,3 +170,7 @@ class FastPersist(BaselineEngine):
         if self._buffer is not None and self._handle is not None:
             self._handle.free_cpu_locked_tensor(self._buffer)
         self._buffer = self._handle = None
+
+    def release(self) -> None:
+        """Free the page-locked buffer (`warm()` makes it again)."""
+        self.close()

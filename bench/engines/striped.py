@@ -390,6 +390,13 @@ class StripedEngine:
         if self._pending is not None:
             self._pending._done.wait()
 
+    def release(self) -> None:
+        """Free the staging (the next `warm()` or save allocates it again): a sweep releases
+        every engine's before it builds the next state, so that what is held is what the
+        preflight counted for that state."""
+        self.wait_idle()
+        self.staging.release()
+
     def close(self) -> None:
         self.wait_idle()
         self._pool.shutdown(wait=True)

@@ -1,0 +1,197 @@
+"""Preflight: what every case of a sweep will hold at its peak, held against what the machine
+has, before anything runs (before the first ceiling, before a state is built).
+
+A case is a workload's state checkpointed by one engine over N targets. Within a workload and a
+group of targets the sweep builds the state once and warms every engine on it, so their staging
+is held at once: the peak of a case is
+
+  the state (host memory when emulated, device memory on CUDA)
+  + the staging every engine of the group holds (its `MemoryPlan`: pinned or not, the whole
+    state or `staging_chunks` chunks, DCP's cached copy, DeepSpeed's buffer)
+  + the larger of what its save and its restore add (a restore into new memory, or in place)
+  + the copy probe's buffers, kept through the sweep, and fio's write buffers.
+
+The page cache that buffered writes fill is said but not counted: the kernel reclaims it. Host
+memory is held against MemAvailable (and the cgroup's limit, where one is set), device memory
+against the GPU's free memory. RLIMIT_MEMLOCK is recorded: no engine here locks memory with
+mlock (CUDA's cudaHostRegister pins through the driver), so it refuses nothing. Disk space is
+checked by `bench.plan.check_space`.
+
+A case that does not fit with its restore into new memory restores in place (`restore: auto`)
+where its engine can and that fits; else it is refused, in one line naming the resource, what it
+needs and what is there, and the way out.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from bench import sizes
+from bench.engines import REGISTRY
+from bench.engines.base import MemoryPlan, StateSize, build_options
+
+# Memory left for the interpreter, torch and the libraries beside the state and the engines'
+# buffers, and a margin on what the plans add up to (allocator rounding, per-tensor overhead).
+HEADROOM = 1 << 30
+MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one case of the sweep will do: run (restoring fresh or in place) or be refused."""
+
+    engine: str
+    restore: str | None  # "fresh" or "in-place"; None: refused
+    why: str = ""  # the refusal, one line
+    host_need: int = 0  # its peak host memory, in bytes
+    parts: dict[str, int] = field(default_factory=dict)  # what the peak is made of
+
+
+def cgroup_available(root: str = "/sys/fs/cgroup") -> int | None:
+    """Memory this process's cgroup (v2) may still take (its `memory.max` less what it holds
+    that the kernel cannot reclaim), or None where no limit is set: inside a container
+    MemAvailable is the host's figure."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.split("::", 1)[1].strip() for ln in f if ln.startswith("0::")), None)
+        if rel is None:
+            return None
+        d = os.path.join(root, rel.lstrip("/"))
+        with open(os.path.join(d, "memory.max")) as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open(os.path.join(d, "memory.current")) as f:
+            current = int(f.read())
+        with open(os.path.join(d, "memory.stat")) as f:
+            stat = dict(ln.split() for ln in f if len(ln.split()) == 2)
+        reclaimable = int(stat.get("inactive_file", 0)) + int(stat.get("active_file", 0))
+        return max(0, int(limit) - current + reclaimable)
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def host_available() -> int:
+    """Host memory a sweep may take now: MemAvailable, or the cgroup's room if smaller."""
+    avail = psutil.virtual_memory().available
+    group = cgroup_available()
+    return min(avail, group) if group is not None else avail
+
+
+def device_free(device: Any) -> int | None:
+    """Free memory of the CUDA device (None on host-emulated)."""
+    if not device.is_cuda:
+        return None
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device.torch_device)
+    return int(free)
+
+
+def memlock_limit() -> int | None:
+    """RLIMIT_MEMLOCK's soft limit in bytes (None: unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def plan_of(engine: str, size: StateSize, options: dict[str, Any]) -> MemoryPlan:
+    return REGISTRY[engine].memory_plan(size, build_options(engine, options))
+
+
+def _gib(n: int) -> str:
+    return sizes.format_size(n)
+
+
+def _sum(parts: dict[str, int]) -> int:
+    return int(sum(parts.values()) * (1 + MARGIN))
+
+
+def _line(parts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {_gib(v)}" for k, v in parts.items() if v)
+
+
+def ways_out(
+    engine: str, plan: MemoryPlan, size: StateSize, options: dict[str, Any], others: list[str]
+) -> str:
+    """What would make the case fit, in config terms (`others`: the engines whose staging is
+    held beside it)."""
+    out = []
+    bounded = getattr(build_options(engine, options), "staging_chunks", None)
+    if bounded == 0 and plan.staging > size.nbytes // 2:
+        out.append(f"bound the staging (engine_options.{engine}.staging_chunks: 4)")
+    if plan.in_place_host is None:
+        out.append(f"an engine that restores in place ({engine}: {plan.in_place_why})")
+    if others:
+        out.append(f"fewer engines at once (the staging of {', '.join(others)} is held too)")
+    out.append("a smaller total_sizes" + (", or more ranks to shard it" if size.cuda else ""))
+    return "; ".join(out)
+
+
+def judge(
+    case: str,
+    engines: list[str],
+    size: StateSize,
+    options: dict[str, dict[str, Any]],
+    host_avail: int,
+    gpu_free: int | None,
+    extra: dict[str, int] | None = None,
+    restore: str = "auto",
+) -> list[Verdict]:
+    """The verdict on every engine of one workload and group of targets, in order: each engine
+    is admitted while the staging of those admitted before it, its own peak and `extra` (the
+    probes' buffers) fit; `restore` is auto (fresh where it fits, else in place), fresh or
+    in-place."""
+    out: list[Verdict] = []
+    held: dict[str, int] = {}  # staging of the engines admitted so far
+    base = {"state": 0 if size.cuda else size.nbytes, **(extra or {})}
+    for e in engines:
+        opts = options.get(e, {})
+        plan = plan_of(e, size, opts)
+        staging = {**held, f"{e} staging": plan.staging}
+        fresh = {**base, **staging, "save or restore": max(plan.save, plan.restore_host)}
+        place = None
+        if plan.in_place_host is not None:
+            place = {**base, **staging, "save or restore": max(plan.save, plan.in_place_host)}
+        choices = {"fresh": fresh, "in-place": place}
+        order = ["fresh", "in-place"] if restore == "auto" else [restore]
+        chosen = next(
+            (r for r in order if choices[r] is not None and _sum(choices[r]) <= host_avail), None
+        )
+        if chosen is not None and gpu_free is not None:
+            dev = size.nbytes + (plan.restore_device if chosen == "fresh" else 0)
+            if int(dev * (1 + MARGIN)) > gpu_free:
+                why = (
+                    f"{case} {e}: device memory: needs {_gib(dev)} (state {_gib(size.nbytes)}"
+                    + (f", restore {_gib(plan.restore_device)}" if chosen == "fresh" else "")
+                    + f"), {_gib(gpu_free)} free on the GPU; way out: a smaller total_sizes, "
+                    "or more ranks to shard it"
+                )
+                out.append(Verdict(e, None, why))
+                continue
+        if chosen is None:
+            want = (
+                choices[restore] if restore != "auto" else (place if place is not None else fresh)
+            )
+            if want is None:
+                why = (
+                    f"{case} {e}: restore: in-place is not possible ({plan.in_place_why}); "
+                    "way out: restore: auto or fresh"
+                )
+            else:
+                why = (
+                    f"{case} {e}: host memory: needs {_gib(_sum(want))} ({_line(want)}), "
+                    f"{_gib(host_avail)} available; way out: "
+                    + ways_out(e, plan, size, opts, [k.split()[0] for k, v in held.items() if v])
+                )
+            out.append(Verdict(e, None, why))
+            continue
+        held[f"{e} staging"] = plan.staging
+        parts = choices[chosen]
+        assert parts is not None
+        out.append(Verdict(e, chosen, "", _sum(parts), parts))
+    return out
