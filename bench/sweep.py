@@ -58,6 +58,7 @@ class Sweep:
         self.saves = 0  # saves this rank took part in (fault injection counts them)
         self.verdicts: dict[tuple[str, str, str], preflight.Verdict] = {}
         self._fingerprint: list[tuple[str, str]] | None = None  # the state's, for in-place
+        self.preflight_block: dict[str, Any] = {}  # env.json `preflight`
         self.ceilings: dict[str, Any] | None = None
         self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
         self.cache_dropped = False
@@ -214,7 +215,7 @@ class Sweep:
                     f"{wid} {gkey} {e}: restored in place (a second copy of the state does not "
                     "fit in host memory) and checked against the source's fingerprints"
                 )
-        core.env["preflight"] = {
+        self.preflight_block = {
             "host_available_bytes": avail + preflight.HEADROOM,
             "headroom_bytes": preflight.HEADROOM,
             "gpu_free_bytes": gpu,
@@ -326,6 +327,8 @@ class Sweep:
                     "the kernel's DAMON pages out cold memory in the background (a pageout "
                     "scheme): page-cache rates and a restore of older files may move with it"
                 )
+        if w.rank == 0:
+            envb["preflight"] = self.preflight_block
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
         ceil = w.agree(
             "the ceilings",
