@@ -32,6 +32,7 @@ help:
 	@echo "make report   figures and report.md of the latest run (make plots: figures only)"
 	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
 	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
+	@echo "make scaling  each path's cost against checkpoint size, 256 MiB to 12 GiB, with its report"
 	@echo "make train    stall in a real training loop (configs/training.yaml)"
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
@@ -117,6 +118,14 @@ train: $(BIN)/.installed
 .PHONY: peers
 peers: $(BIN)/.installed
 	$(BIN)/python scripts/peers.py $(ARGS)
+
+# How each path's cost grows with the checkpoint (configs/scaling.yaml, 256 MiB to 12 GiB), and
+# its report (slopes, Figures 9 and 10) in the run's report/ folder.
+.PHONY: scaling
+scaling: $(BIN)/.installed
+	$(BIN)/ckptbench run configs/scaling.yaml $(ARGS); rc=$$?; \
+	run=$$(ls -d results/*-scaling-* 2>/dev/null | sort | tail -1); \
+	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
 
 # Each engine next to the device's ceilings (fio when installed) on one target, with the ratios.
 .PHONY: ceiling

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import contention, figures, model, runs, stats, training
+from analysis import contention, figures, model, runs, scaling, stats, training
 from analysis.runs import Run
 from bench.errors import UserError
 from bench.sizes import format_size
@@ -193,6 +193,8 @@ def warnings_for(run: Run) -> list[str]:
         out.append(
             "All targets share one device: SSD-count scaling on this run is not real scaling."
         )
+    if scaling.present(run):
+        out += scaling.loud_lines(scaling.fits(run))
     if "restore_resident_bytes" in run.ok:
         # More than 0.1 % of a checkpoint still cached (a page or two of DCP's files stays
         # resident after eviction here: 4 KiB of 256 MiB is no memory read worth a word).
@@ -573,6 +575,9 @@ def build(
         made["training_stall"] = figures.training_stall(tr)
     if contention.present(run):
         made["contention"] = figures.contention(run, this)
+    if scaling.present(run):
+        made["scaling"] = scaling.times_figure(run, this)
+        made["scaling_memory"] = scaling.memory_figure(run)
     if this is not None:
         made["lost_fraction"] = figures.lost_fraction(
             this, {e: t for e in run.engines if (t := run.traits(e)) is not None}, run=run
@@ -670,6 +675,8 @@ def document(
         )
     if contention.present(run):
         contention_section(d, run, this)
+    if scaling.present(run):
+        scaling.section(d, run)
 
     d.h(2, "The model")
     d.p(
