@@ -116,18 +116,24 @@ def _line(parts: dict[str, int]) -> str:
 
 
 def ways_out(
-    engine: str, plan: MemoryPlan, size: StateSize, options: dict[str, Any], others: list[str]
+    engine: str,
+    plan: MemoryPlan,
+    size: StateSize,
+    options: dict[str, Any],
+    held: dict[str, int],
+    over: int,
 ) -> str:
-    """What would make the case fit, in config terms (`others`: the engines whose staging is
-    held beside it)."""
+    """What would make the case fit, in config terms (`held`: the staging of the engines before
+    it, held beside it; `over`: by how much it does not fit)."""
     out = []
     bounded = getattr(build_options(engine, options), "staging_chunks", None)
     if bounded == 0 and plan.staging > size.nbytes // 2:
         out.append(f"bound the staging (engine_options.{engine}.staging_chunks: 4)")
     if plan.in_place_host is None:
         out.append(f"an engine that restores in place ({engine}: {plan.in_place_why})")
-    if others:
-        out.append(f"fewer engines at once (the staging of {', '.join(others)} is held too)")
+    if sum(held.values()) >= over:  # leaving the others out would make room
+        names = [k.split()[0] for k, v in held.items() if v]
+        out.append(f"fewer engines at once (the staging of {', '.join(names)} is held too)")
     out.append("a smaller total_sizes" + (", or more ranks to shard it" if size.cuda else ""))
     return "; ".join(out)
 
@@ -186,7 +192,7 @@ def judge(
                 why = (
                     f"{case} {e}: host memory: needs {_gib(_sum(want))} ({_line(want)}), "
                     f"{_gib(host_avail)} available; way out: "
-                    + ways_out(e, plan, size, opts, [k.split()[0] for k, v in held.items() if v])
+                    + ways_out(e, plan, size, opts, held, _sum(want) - host_avail)
                 )
             out.append(Verdict(e, None, why))
             continue
