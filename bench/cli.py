@@ -26,7 +26,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from bench.sweep import Sweep, summary_lines
 
     cfg = config.load(args.config, args.set)
-    r = Sweep(cfg, devices.detect(cfg.device), args.output, quiet=args.quiet, resume=args.resume)
+    r = Sweep(
+        cfg,
+        devices.detect(cfg.device),
+        args.output,
+        quiet=args.quiet,
+        resume=args.resume,
+        preflight_only=args.preflight,
+    )
+    if args.preflight:
+        return _preflight_table(r)
     try:
         run_dir = r.run()
     except KeyboardInterrupt:
@@ -50,6 +59,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{r.failures} row(s) failed or did not verify", file=sys.stderr)
         return 1
     return 0
+
+
+def _preflight_table(r: object) -> int:
+    """`run --preflight`: every case's verdict (bench.preflight), nothing run; exit 2 if no
+    case fits."""
+    from analysis.model import text_table
+    from bench import sizes
+
+    r.run()  # type: ignore[attr-defined]
+    block = r.preflight_block  # type: ignore[attr-defined]
+    rows = [
+        [
+            case,
+            v["restore"] or "refused",
+            sizes.format_size(v["host_peak_bytes"]) if v["restore"] else "",
+        ]
+        for case, v in block["cases"].items()
+    ]
+    print(
+        f"host memory available {sizes.format_size(block['host_available_bytes'])} "
+        f"({sizes.format_size(block['headroom_bytes'])} of it kept as headroom)"
+        + (
+            f", GPU free {sizes.format_size(block['gpu_free_bytes'])}"
+            if block["gpu_free_bytes"] is not None
+            else ""
+        )
+    )
+    print(text_table(["case", "restore", "host peak"], rows))
+    refused = [v["refused"] for v in block["cases"].values() if v["restore"] is None]
+    for why in refused:
+        print(f"refused: {why}")
+    return 2 if refused and len(refused) == len(rows) else 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -256,6 +297,11 @@ def parser() -> argparse.ArgumentParser:
         "--set engine_options.cpu-single.chunk_bytes=32MiB",
     )
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--preflight",
+        action="store_true",
+        help="only say what every case would hold at its peak and whether it fits; run nothing",
+    )
     r.add_argument(
         "--resume",
         metavar="RUN_DIR",

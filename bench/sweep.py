@@ -47,9 +47,11 @@ class Sweep:
         ranked: bool = False,
         quiet: bool = False,
         resume: str | None = None,
+        preflight_only: bool = False,
     ) -> None:
         self.cfg = cfg
         self.device = device
+        self.preflight_only = preflight_only  # judge every case, then stop (`run --preflight`)
         self.core = Core(cfg, device, out_root, world=world, quiet=quiet, resume=resume)
         self.world = self.core.world
         self.ranked = ranked
@@ -108,6 +110,8 @@ class Sweep:
             self.layout = {g.key: [(list(range(g.n)), False)] for g in self.groups}
         self.engines = core.runnable(cfg.engines)
         self._preflight(wls)
+        if self.preflight_only:
+            return ""
         w.agree("the target check", lambda: self._check_targets(wls))
         paths = {g.key: got[0] for g in self.groups if (got := self.my_targets(g))}
         paths_all = w.all_gather(paths, "the target check")
@@ -203,18 +207,6 @@ class Sweep:
                 if verdicts[k].restore is not None:
                     verdicts[k] = preflight.Verdict(k[2], None, f"{k[0]} {k[2]}: refused on a rank")
         self.verdicts = verdicts
-        bad = [v.why for v in verdicts.values() if v.restore is None]
-        if bad and (cfg.on_error == "stop" or len(bad) == len(verdicts)):
-            raise UserError(bad[0] + (f" (and {len(bad) - 1} more cases)" if len(bad) > 1 else ""))
-        for why in bad:
-            core.note(f"case skipped: {why}")
-            core.warn(f"skipped: {why}")
-        for (wid, gkey, e), v in verdicts.items():
-            if v.restore == "in-place" and cfg.restore == "auto":
-                core.note(
-                    f"{wid} {gkey} {e}: restored in place (a second copy of the state does not "
-                    "fit in host memory) and checked against the source's fingerprints"
-                )
         self.preflight_block = {
             "host_available_bytes": avail + preflight.HEADROOM,
             "headroom_bytes": preflight.HEADROOM,
@@ -229,6 +221,20 @@ class Sweep:
                 for (wid, gkey, e), v in verdicts.items()
             },
         }
+        if self.preflight_only:
+            return
+        bad = [v.why for v in verdicts.values() if v.restore is None]
+        if bad and (cfg.on_error == "stop" or len(bad) == len(verdicts)):
+            raise UserError(bad[0] + (f" (and {len(bad) - 1} more cases)" if len(bad) > 1 else ""))
+        for why in bad:
+            core.note(f"case skipped: {why}")
+            core.warn(f"skipped: {why}")
+        for (wid, gkey, e), v in verdicts.items():
+            if v.restore == "in-place" and cfg.restore == "auto":
+                core.note(
+                    f"{wid} {gkey} {e}: restored in place (a second copy of the state does not "
+                    "fit in host memory) and checked against the source's fingerprints"
+                )
 
     def my_targets(self, g: plan.Group) -> tuple[list[str], list[int]] | None:
         """This rank's target directories for group g and their indices in the config's
