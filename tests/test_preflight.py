@@ -299,3 +299,26 @@ def test_fingerprints_tell_a_flipped_bit_and_copy_nothing():
     assert verify.first_fingerprint_difference(before, verify.fingerprint(state)) is None
     state["b"][0][3] += 1
     assert verify.first_fingerprint_difference(before, verify.fingerprint(state)) == "['b'][0]"
+
+
+def test_run_preflight_says_every_verdict_and_runs_nothing(scratch, capsys, monkeypatch):
+    from bench import cli
+
+    monkeypatch.setattr(preflight, "host_available", lambda: 256 * MiB + preflight.HEADROOM)
+    cfg = _config(scratch, total_sizes=["64MiB", "512MiB"], engines=["cpu-single", "gds"])
+    assert cli.main(["run", str(cfg), "--preflight", "-o", str(scratch / "out")]) == 0
+    out = capsys.readouterr().out
+    table = {
+        " ".join(ln.split()[:3]): ln.split()[3] for ln in out.splitlines() if ln.startswith("synth")
+    }
+    assert table == {
+        "synthetic-64MiB-16MiB x1 cpu-single": "fresh",
+        "synthetic-64MiB-16MiB x1 gds": "fresh",
+        "synthetic-512MiB-16MiB x1 cpu-single": "refused",
+        "synthetic-512MiB-16MiB x1 gds": "refused",
+    }
+    assert "refused: synthetic-512MiB-16MiB x1 cpu-single: host memory" in out
+    assert "refused: synthetic-512MiB-16MiB x1 gds: host memory: needs 537.6MiB" in out
+    assert not (scratch / "out").exists()  # nothing run, no run directory
+    cfg = _config(scratch, total_sizes=["1TiB"], tensor_sizes=["1GiB"])
+    assert cli.main(["run", str(cfg), "--preflight", "-o", str(scratch / "out")]) == 2
