@@ -14,6 +14,7 @@ the gather do nothing (bench.core.LocalWorld).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -549,11 +550,23 @@ class Sweep:
                     self.core.bar.set_description(f"{wl.id} {g.key}")
                 for eng in engines.values():  # what is held is what the preflight counted
                     eng.release()
+                # The last workload's cyclic garbage (a library's restored copy of its state)
+                # goes before the next state is built, not after.
+                gc.collect()
                 admitted = {
                     e: eng
                     for e, eng in engines.items()
                     if self.verdicts[(wl.id, g.key, e)].restore is not None
                 }
+                short = w.agree(
+                    f"the memory for {wl.id}", lambda wl=wl, g=g: self._memory_now(wl, g)
+                )
+                if short:
+                    if cfg.on_error == "stop":
+                        raise UserError(short)
+                    self.core.note(f"workload skipped: {short}")
+                    self.core.warn(f"skipped: {short}")
+                    continue
                 state = w.agree(
                     f"the state of {wl.id}",
                     lambda wl=wl, admitted=admitted: self._build(wl, g, admitted),
@@ -578,6 +591,23 @@ class Sweep:
         finally:
             for eng in engines.values():
                 eng.close()
+
+    def _memory_now(self, wl: plan.Workload, g: plan.Group) -> str | None:
+        """Whether this workload's state and its engines' staging still fit in the host memory
+        available now (another process may have taken some since the preflight): None, or why
+        not, in one line. Never leave that to the kernel's OOM killer."""
+        if self.device.is_cuda or self.world.rank >= g.k:
+            return None
+        cases = [v for (wid, gkey, _), v in self.verdicts.items() if (wid, gkey) == (wl.id, g.key)]
+        need = max((v.host_need for v in cases if v.restore is not None), default=0)
+        have = preflight.host_available() - preflight.HEADROOM // 2
+        if need <= have:
+            return None
+        return (
+            f"{wl.id} x{g.n}: host memory: its cases need up to {sizes.format_size(need)}, "
+            f"{sizes.format_size(have)} is available now (less than at the start of the run: "
+            "another process took memory); way out: rerun when it is free, or a smaller size"
+        )
 
     def _build(self, wl: plan.Workload, g: plan.Group, engines: dict[str, Any]) -> Any:
         """This rank's state (its shard under torchrun) on its device, engines warmed (None:

@@ -322,3 +322,30 @@ def test_run_preflight_says_every_verdict_and_runs_nothing(scratch, capsys, monk
     assert not (scratch / "out").exists()  # nothing run, no run directory
     cfg = _config(scratch, total_sizes=["1TiB"], tensor_sizes=["1GiB"])
     assert cli.main(["run", str(cfg), "--preflight", "-o", str(scratch / "out")]) == 2
+
+
+def test_memory_taken_by_another_process_after_the_preflight_skips_the_workload(
+    scratch, monkeypatch
+):
+    """The preflight saw room; by the time a workload's state is built another process has
+    taken it: the workload is skipped with a line saying so (the kernel's OOM killer never
+    decides), and the rows of the others are kept."""
+    from bench import cli
+
+    seen = {"n": 0}
+
+    def shrinking() -> int:
+        seen["n"] += 1
+        # the preflight's reading and the first workload's check see room; then it is gone
+        return 8 * GiB + preflight.HEADROOM if seen["n"] <= 2 else 64 * MiB
+
+    monkeypatch.setattr(preflight, "host_available", shrinking)
+    cfg = _config(scratch, total_sizes=["32MiB", "64MiB"])
+    assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 0
+    (run_dir,) = (scratch / "out").iterdir()
+    rows = results.read_rows(str(run_dir))
+    assert list(rows["workload"]) == ["synthetic-32MiB-16MiB"]
+    env = json.loads((run_dir / "env.json").read_text())
+    (line,) = [n for n in env["notes"] if n.startswith("workload skipped")]
+    assert "synthetic-64MiB-16MiB x1: host memory: its cases need up to" in line
+    assert "less than at the start of the run" in line
