@@ -138,6 +138,36 @@ def ways_out(
     return "; ".join(out)
 
 
+def _choose(
+    plan: MemoryPlan, base: dict[str, int], staging: dict[str, int], restore: str, avail: int
+) -> tuple[str | None, dict[str, int], dict[str, int] | None]:
+    """(the restore that fits, or None; its parts; the parts the refusal names)."""
+    fresh = {**base, **staging, "save or restore": max(plan.save, plan.restore_host)}
+    place = None
+    if plan.in_place_host is not None:
+        place = {**base, **staging, "save or restore": max(plan.save, plan.in_place_host)}
+    choices = {"fresh": fresh, "in-place": place}
+    order = ["fresh", "in-place"] if restore == "auto" else [restore]
+    for r in order:
+        parts = choices[r]
+        if parts is not None and _sum(parts) <= avail:
+            return r, parts, None
+    want = choices[restore] if restore != "auto" else (place if place is not None else fresh)
+    return None, fresh, want
+
+
+def _least(
+    plan: MemoryPlan, base: dict[str, int], staging: dict[str, int], restore: str
+) -> dict[str, int]:
+    """The smallest of the peaks `restore` allows (for a refusal's numbers)."""
+    options = []
+    if restore in ("auto", "fresh"):
+        options.append({**base, **staging, "save or restore": max(plan.save, plan.restore_host)})
+    if restore in ("auto", "in-place") and plan.in_place_host is not None:
+        options.append({**base, **staging, "save or restore": max(plan.save, plan.in_place_host)})
+    return min(options, key=_sum) if options else {**base, **staging}
+
+
 def judge(
     case: str,
     engines: list[str],
@@ -148,56 +178,69 @@ def judge(
     extra: dict[str, int] | None = None,
     restore: str = "auto",
 ) -> list[Verdict]:
-    """The verdict on every engine of one workload and group of targets, in order: each engine
-    is admitted while the staging of those admitted before it, its own peak and `extra` (the
-    probes' buffers) fit; `restore` is auto (fresh where it fits, else in place), fresh or
-    in-place."""
-    out: list[Verdict] = []
-    held: dict[str, int] = {}  # staging of the engines admitted so far
+    """The verdict on every engine of one workload and group of targets, in order. Every engine
+    admitted is warmed on the state at once, so their staging is held together all through the
+    workload, while their saves and restores run one at a time: an engine is admitted if, with
+    its staging added to that of the engines admitted before it, each of them still fits with
+    its own save or restore (and `extra`, the probes' buffers). `restore` is auto (fresh where
+    that fits, else in place), fresh or in-place; under auto an engine admitted earlier may
+    turn to in place to make room."""
     base = {"state": 0 if size.cuda else size.nbytes, **(extra or {})}
+    plans = {e: plan_of(e, size, options.get(e, {})) for e in engines}
+    admitted: dict[str, tuple[str, dict[str, int]]] = {}
+    refused: dict[str, str] = {}
     for e in engines:
-        opts = options.get(e, {})
-        plan = plan_of(e, size, opts)
-        staging = {**held, f"{e} staging": plan.staging}
-        fresh = {**base, **staging, "save or restore": max(plan.save, plan.restore_host)}
-        place = None
-        if plan.in_place_host is not None:
-            place = {**base, **staging, "save or restore": max(plan.save, plan.in_place_host)}
-        choices = {"fresh": fresh, "in-place": place}
-        order = ["fresh", "in-place"] if restore == "auto" else [restore]
-        chosen = next(
-            (r for r in order if choices[r] is not None and _sum(choices[r]) <= host_avail), None
-        )
-        if chosen is not None and gpu_free is not None:
-            dev = size.nbytes + (plan.restore_device if chosen == "fresh" else 0)
-            if int(dev * (1 + MARGIN)) > gpu_free:
-                why = (
-                    f"{case} {e}: device memory: needs {_gib(dev)} (state {_gib(size.nbytes)}"
-                    + (f", restore {_gib(plan.restore_device)}" if chosen == "fresh" else "")
-                    + f"), {_gib(gpu_free)} free on the GPU; way out: a smaller total_sizes, "
-                    "or more ranks to shard it"
-                )
-                out.append(Verdict(e, None, why))
-                continue
-        if chosen is None:
-            want = (
-                choices[restore] if restore != "auto" else (place if place is not None else fresh)
-            )
-            if want is None:
-                why = (
-                    f"{case} {e}: restore: in-place is not possible ({plan.in_place_why}); "
-                    "way out: restore: auto or fresh"
-                )
-            else:
-                why = (
-                    f"{case} {e}: host memory: needs {_gib(_sum(want))} ({_line(want)}), "
-                    f"{_gib(host_avail)} available; way out: "
-                    + ways_out(e, plan, size, opts, held, _sum(want) - host_avail)
-                )
-            out.append(Verdict(e, None, why))
-            continue
-        held[f"{e} staging"] = plan.staging
-        parts = choices[chosen]
-        assert parts is not None
-        out.append(Verdict(e, chosen, "", _sum(parts), parts))
+        plan = plans[e]
+        staging = {f"{a} staging": plans[a].staging for a in [*admitted, e]}
+        trial: dict[str, tuple[str, dict[str, int]]] = {}
+        why = ""
+        for a in [*admitted, e]:
+            chosen, parts, want = _choose(plans[a], base, staging, restore, host_avail)
+            if chosen is not None and gpu_free is not None:
+                dev = size.nbytes + (plans[a].restore_device if chosen == "fresh" else 0)
+                if int(dev * (1 + MARGIN)) > gpu_free:
+                    if a == e:
+                        why = (
+                            f"{case} {e}: device memory: needs {_gib(dev)} (state "
+                            f"{_gib(size.nbytes)}"
+                            + (
+                                f", restore {_gib(plans[a].restore_device)}"
+                                if chosen == "fresh"
+                                else ""
+                            )
+                            + f"), {_gib(gpu_free)} free on the GPU; way out: a smaller "
+                            "total_sizes, or more ranks to shard it"
+                        )
+                    chosen = None
+            if chosen is None:
+                if not why:
+                    if want is None:
+                        why = (
+                            f"{case} {e}: restore: in-place is not possible "
+                            f"({plans[e].in_place_why}); way out: restore: auto or fresh"
+                        )
+                    else:
+                        held = {k: v for k, v in staging.items() if k != f"{e} staging"}
+                        if a != e:  # it is another's restore that no longer fits: say e's
+                            want = _least(plan, base, staging, restore)
+                        why = (
+                            f"{case} {e}: host memory: needs {_gib(_sum(want))} "
+                            f"({_line(want)}), {_gib(host_avail)} available; way out: "
+                            + ways_out(
+                                e, plan, size, options.get(e, {}), held, _sum(want) - host_avail
+                            )
+                        )
+                break
+            trial[a] = (chosen, parts)
+        if len(trial) == len(admitted) + 1:
+            admitted = trial
+        else:
+            refused[e] = why
+    out = []
+    for e in engines:
+        if e in admitted:
+            chosen, parts = admitted[e]
+            out.append(Verdict(e, chosen, "", _sum(parts), parts))
+        else:
+            out.append(Verdict(e, None, refused[e]))
     return out

@@ -110,6 +110,24 @@ def test_judge_holds_the_staging_of_the_engines_before():
     assert got[2].parts["cpu-single staging"] == 4 * GiB + 64 * 4096
 
 
+def test_an_engine_judged_before_sees_the_staging_of_those_after_it():
+    """All engines of a workload are warmed at once: safetensors' restore (twice the state)
+    runs while DCP, judged after it, holds its cached copy. Judged alone it would restore fresh
+    (4 + 8 = 12.6 GiB); beside DCP's 4 GiB it must restore in place. (A sweep that judged each
+    engine only against those before it was OOM-killed at 8 GiB.)"""
+    size = StateSize(4 * GiB, 256 * MiB, 16, False, 1)
+    alone = preflight.judge("c", ["safetensors"], size, {}, 14 * GiB, None)
+    assert alone[0].restore == "fresh"
+    both = preflight.judge("c", ["safetensors", "dcp"], size, {}, 14 * GiB, None)
+    assert [v.restore for v in both] == ["in-place", "in-place"]
+    assert both[0].parts == {
+        "state": 4 * GiB,
+        "safetensors staging": 0,
+        "dcp staging": 4 * GiB,
+        "save or restore": 256 * MiB,
+    }
+
+
 def test_judge_on_cuda_holds_device_memory_against_the_gpus_free_memory():
     size = StateSize(60 * GiB, GiB, 60, True, 1)
     # 60 GiB state + 60 GiB fresh restore on a GPU with 139 GiB free: fresh, no host state.
