@@ -119,7 +119,7 @@ def test_an_engine_judged_before_sees_the_staging_of_those_after_it():
     alone = preflight.judge("c", ["safetensors"], size, {}, 14 * GiB, None)
     assert alone[0].restore == "fresh"
     both = preflight.judge("c", ["safetensors", "dcp"], size, {}, 14 * GiB, None)
-    assert [v.restore for v in both] == ["in-place", "in-place"]
+    assert [v.restore for v in both] == ["in-place", "fresh"]
     assert both[0].parts == {
         "state": 4 * GiB,
         "safetensors staging": 0,
