@@ -160,6 +160,8 @@ def times_figure(run: Run, prof: model.Profile | None) -> Figure:
             ax.set_ylabel(f"{METRICS[metric]} (s, log scale)")
             ax.set_title(f"{METRICS[metric]} against size, {n} target(s)")
             ax.legend(loc="lower right", fontsize=5.5)
+        for ax in axes[0]:
+            ax.tick_params(axis="x", labelrotation=45)
         F.footer(
             fig,
             run,
@@ -175,9 +177,9 @@ def memory_figure(run: Run) -> Figure:
     from analysis import figures as F
 
     cols = {
-        "pinned_bytes": "pinned staging",
+        "pinned_bytes": "staging held (pinned on CUDA)",
         "page_cache_peak_bytes": "page-cache peak",
-        "rss_peak_bytes": "RSS peak",
+        "rss_peak_bytes": "RSS peak (the state included)",
     }
     with F.plt.rc_context(F.STYLE):
         fig, axes = F._new(F.COL2, 2.6, ncols=3, sharey=True)
@@ -190,9 +192,12 @@ def memory_figure(run: Run) -> Figure:
                 g = m[m["engine"] == e].sort_values("total_bytes")
                 if col not in g:
                     continue
+                held = g[col].where(g[col] > 0)  # none held: not drawn on a log scale
+                if held.isna().all():
+                    continue
                 ax.plot(
                     g["total_bytes"],
-                    g[col].clip(lower=1) / 2**30,
+                    held / 2**30,
                     marker=F.marker(e),
                     color=F.color(e),
                     label=F._engine_label(run.ok, e),
@@ -208,7 +213,15 @@ def memory_figure(run: Run) -> Figure:
             ax.set_title(title)
         axes[0][0].set_ylabel("GiB (log scale)")
         axes[0][-1].legend(loc="upper left")
-        F.footer(fig, run, "medians over repetitions; dotted: the checkpoint's own size")
+        for ax in axes[0]:
+            ax.tick_params(axis="x", labelrotation=45)
+        F.footer(
+            fig,
+            run,
+            "medians over repetitions (an engine that held none is not drawn); RSS is the "
+            "process's during the save: the state and the staging of every engine warmed on it; "
+            "dotted: the checkpoint's own size",
+        )
     return fig
 
 
