@@ -367,3 +367,18 @@ def test_memory_taken_by_another_process_after_the_preflight_skips_the_workload(
     (line,) = [n for n in env["notes"] if n.startswith("workload skipped")]
     assert "synthetic-64MiB-16MiB x1: host memory: its cases need up to" in line
     assert "less than at the start of the run" in line
+
+
+def test_the_gpus_free_memory_is_read_from_the_device(monkeypatch):
+    from bench.devices import Device
+
+    calls = []
+
+    def mem_get_info(dev=None):  # type: ignore[no-untyped-def]
+        calls.append(dev)
+        return (42 * GiB, 139 * GiB)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    cuda = Device("cuda", torch.device("cpu"))
+    assert preflight.device_free(cuda) == 42 * GiB and calls == [cuda.torch_device]
+    assert preflight.device_free(Device("host-emulated", torch.device("cpu"))) is None
