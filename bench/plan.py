@@ -134,25 +134,35 @@ def check_space(
     engines: list[str],
     scale: int = 1,
 ) -> None:
-    """Enough free space on every target for the largest checkpoint it will hold at once.
+    """Enough free space on every target for the largest checkpoint it will hold at once, and
+    for the ceilings' files.
 
     Target i holds a stripe 1/N of a checkpoint over N targets (the smallest N that includes it);
     the first target also holds whole checkpoints of the engines that do not stripe. Model
-    presets are sized when built; a full disk during a case is recorded as that case's error
-    row. `scale`: how many checkpoints of that size are written at once (ranks that each save a
-    whole total).
+    presets are sized from their shapes. A storage ceiling's file on a target is its share of
+    what a ceiling run writes (`ceilings.min_bytes` to `max_bytes`); ceilings and checkpoints
+    are never on the disk at once. A full disk during a case anyway is recorded as that case's
+    error row. `scale`: how many checkpoints of that size are written at once (ranks that each
+    save a whole total).
     """
-    largest = scale * max((w.total_bytes for w in wls if w.kind == "synthetic"), default=0)
+    from bench import ceiling
+
+    sized = [w.size(cfg, False, 1).nbytes for w in wls]
+    largest = scale * max(sized, default=0)
     if not largest:
         return
+    spec = cfg.ceilings
+    probe = ceiling.probe_bytes(largest, spec.min_bytes, spec.max_bytes) if spec.enabled else 0
     whole = any(not REGISTRY[e].traits.stripes for e in engines)
     for i, t in enumerate(targets[: max(cfg.ssd_counts)]):
         n = min(c for c in cfg.ssd_counts if c > i)
         share = largest if (i == 0 and whole) else -(-largest // n)
-        need = int(share * 1.05) + (64 << 20)  # stripes round up to chunks; temp files
+        # stripes round up to chunks; the claim, the manifest and temp files
+        need = max(int(share * 1.05), -(-probe // n)) + (64 << 20)
         free = shutil.disk_usage(t).free
         if free < need:
             raise UserError(
-                f"target {t}: {sizes.format_size(free)} free, but a "
-                f"{sizes.format_size(largest)} checkpoint needs {sizes.format_size(need)} here"
+                f"target {t}: disk space: {sizes.format_size(free)} free, but a "
+                f"{sizes.format_size(largest)} checkpoint needs {sizes.format_size(need)} here; "
+                "way out: a smaller total_sizes, or more targets"
             )

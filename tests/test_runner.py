@@ -459,8 +459,19 @@ def test_preflight_no_space(
     with pytest.raises(UserError) as e:
         r.run()
     t = small["targets"][0]
-    assert str(e.value) == f"target {t}: 10MiB free, but a 8MiB checkpoint needs 72.4MiB here"
+    assert str(e.value) == (
+        f"target {t}: disk space: 10MiB free, but a 8MiB checkpoint needs 72.4MiB here; "
+        "way out: a smaller total_sizes, or more targets"
+    )
     assert not (scratch / "results").exists()
+    # The ceilings' files count too: 1 GiB of probe beside an 8 MiB checkpoint.
+    monkeypatch.setattr(plan.shutil, "disk_usage", lambda p: real(p)._replace(free=512 * MiB))
+    cfg = {**small, "ceilings": {"enabled": True, "min_bytes": "1GiB"}}
+    r = Sweep(
+        config.from_dict(cfg), devices.detect("host-emulated"), str(scratch / "r2"), quiet=True
+    )
+    with pytest.raises(UserError, match=r"512MiB free, but a 8MiB checkpoint needs 1.1GiB here"):
+        r.run()
 
 
 def test_a_run_without_verification_reports(scratch: Path) -> None:
