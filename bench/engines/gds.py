@@ -504,6 +504,7 @@ class Gds(StripedEngine):
         _, tensors = flatten(state)
         groups: dict[int, tuple[int, torch.Tensor, list[str]]] = {}
         failed: list[tuple[str, str]] = []
+        ptr_of = {path: t.data_ptr() for path, t in tensors}
         for path, t in tensors:
             # A non-contiguous tensor is copied at save time: its copy is not registered.
             if not (on_device(t) and t.numel() and t.is_contiguous()):
@@ -526,9 +527,8 @@ class Gds(StripedEngine):
                 failed.extend((p, _one_line(e)) for p in paths)
                 continue
             self._registered[base] = (mem, size)
-            for p, t in tensors:
-                if p in paths:
-                    self._registered_ptrs[t.data_ptr()] = base
+            for p in paths:
+                self._registered_ptrs[ptr_of[p]] = base
         self._register_failed = failed
         self._register_note = ""
         if failed:
