@@ -67,10 +67,19 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         str(REPO / "scratch" / "bench" / f"target-{i}") for i in range(4)
     ]
     models = config.load(str(REPO / "configs" / "models.yaml"))
+    # the presets at their true sizes (the preflight refuses what a machine cannot hold)
     assert [(m.preset, m.optimizer, m.world_size, m.rank) for m in models.models] == [
         ("gpt2-small", True, 8, 0),
-        ("llama-7b-shard", True, 32, 1),
+        ("gpt2-large", True, 8, 0),
+        ("gpt2-xl", True, 8, 0),
+        ("llama-7b-shard", True, 8, 0),
     ]
+    scaling = config.load(str(REPO / "configs" / "scaling.yaml"))
+    sizes = scaling.total_sizes
+    assert len(sizes) >= 5 and min(sizes) == 256 * 2**20 and max(sizes) >= 12 * 2**30
+    assert sorted(scaling.engines) == sorted(e for e in ENGINES if e != "fastpersist")
+    opts = config.resolved(scaling)["engine_options"]
+    assert opts["cpu-single"]["staging_chunks"] == opts["cpu-double"]["staging_chunks"] == 4
     server = config.load(str(REPO / "configs" / "server.yaml"))
     assert server.resolved_targets() == [f"/mnt/nvme{i}/ckptbench" for i in range(8)]
     assert config.resolved(server)["engine_options"]["cpu-single"]["chunk_bytes"] == 32 * 2**20
