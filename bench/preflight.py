@@ -138,22 +138,46 @@ def ways_out(
     return "; ".join(out)
 
 
+def _device_need(plan: MemoryPlan, size: StateSize, restore: str) -> int:
+    """Device memory a case holds on CUDA: the state, and a fresh restore beside it."""
+    return size.nbytes + (plan.restore_device if restore == "fresh" else 0)
+
+
 def _choose(
-    plan: MemoryPlan, base: dict[str, int], staging: dict[str, int], restore: str, avail: int
-) -> tuple[str | None, dict[str, int], dict[str, int] | None]:
-    """(the restore that fits, or None; its parts; the parts the refusal names)."""
+    plan: MemoryPlan,
+    base: dict[str, int],
+    staging: dict[str, int],
+    restore: str,
+    avail: int,
+    size: StateSize,
+    gpu_free: int | None,
+) -> tuple[str | None, dict[str, int], dict[str, int] | None, str]:
+    """(the restore that fits in host and device memory, or None; its parts; the host parts a
+    refusal names, or None where in place is asked for and impossible; the device shortfall a
+    refusal names, or "")."""
     fresh = {**base, **staging, "save or restore": max(plan.save, plan.restore_host)}
     place = None
     if plan.in_place_host is not None:
         place = {**base, **staging, "save or restore": max(plan.save, plan.in_place_host)}
     choices = {"fresh": fresh, "in-place": place}
     order = ["fresh", "in-place"] if restore == "auto" else [restore]
+    device = ""
     for r in order:
         parts = choices[r]
-        if parts is not None and _sum(parts) <= avail:
-            return r, parts, None
+        if parts is None or _sum(parts) > avail:
+            continue
+        dev = _device_need(plan, size, r)
+        if gpu_free is not None and int(dev * (1 + MARGIN)) > gpu_free:
+            device = device or (
+                f"device memory: needs {_gib(dev)} (state {_gib(size.nbytes)}"
+                + (f", restore {_gib(plan.restore_device)}" if r == "fresh" else "")
+                + f"), {_gib(gpu_free)} free on the GPU; way out: a smaller total_sizes, or "
+                "more ranks to shard it"
+            )
+            continue
+        return r, parts, None, ""
     want = choices[restore] if restore != "auto" else (place if place is not None else fresh)
-    return None, fresh, want
+    return None, fresh, want, device
 
 
 def _least(
@@ -195,41 +219,26 @@ def judge(
         trial: dict[str, tuple[str, dict[str, int]]] = {}
         why = ""
         for a in [*admitted, e]:
-            chosen, parts, want = _choose(plans[a], base, staging, restore, host_avail)
-            if chosen is not None and gpu_free is not None:
-                dev = size.nbytes + (plans[a].restore_device if chosen == "fresh" else 0)
-                if int(dev * (1 + MARGIN)) > gpu_free:
-                    if a == e:
-                        why = (
-                            f"{case} {e}: device memory: needs {_gib(dev)} (state "
-                            f"{_gib(size.nbytes)}"
-                            + (
-                                f", restore {_gib(plans[a].restore_device)}"
-                                if chosen == "fresh"
-                                else ""
-                            )
-                            + f"), {_gib(gpu_free)} free on the GPU; way out: a smaller "
-                            "total_sizes, or more ranks to shard it"
-                        )
-                    chosen = None
+            chosen, parts, want, device = _choose(
+                plans[a], base, staging, restore, host_avail, size, gpu_free
+            )
             if chosen is None:
-                if not why:
-                    if want is None:
-                        why = (
-                            f"{case} {e}: restore: in-place is not possible "
-                            f"({plans[e].in_place_why}); way out: restore: auto or fresh"
-                        )
-                    else:
-                        held = {k: v for k, v in staging.items() if k != f"{e} staging"}
-                        if a != e:  # it is another's restore that no longer fits: say e's
-                            want = _least(plan, base, staging, restore)
-                        why = (
-                            f"{case} {e}: host memory: needs {_gib(_sum(want))} "
-                            f"({_line(want)}), {_gib(host_avail)} available; way out: "
-                            + ways_out(
-                                e, plan, size, options.get(e, {}), held, _sum(want) - host_avail
-                            )
-                        )
+                if device and a == e:
+                    why = f"{case} {e}: {device}"
+                elif want is None:
+                    why = (
+                        f"{case} {e}: restore: in-place is not possible "
+                        f"({plans[e].in_place_why}); way out: restore: auto or fresh"
+                    )
+                else:
+                    held = {k: v for k, v in staging.items() if k != f"{e} staging"}
+                    if a != e:  # it is another's restore that no longer fits: say e's
+                        want = _least(plan, base, staging, restore)
+                    why = (
+                        f"{case} {e}: host memory: needs {_gib(_sum(want))} "
+                        f"({_line(want)}), {_gib(host_avail)} available; way out: "
+                        + ways_out(e, plan, size, options.get(e, {}), held, _sum(want) - host_avail)
+                    )
                 break
             trial[a] = (chosen, parts)
         if len(trial) == len(admitted) + 1:

@@ -133,14 +133,16 @@ def test_judge_on_cuda_holds_device_memory_against_the_gpus_free_memory():
     # 60 GiB state + 60 GiB fresh restore on a GPU with 139 GiB free: fresh, no host state.
     (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 139 * GiB)
     assert v.restore == "fresh" and v.parts["state"] == 0
-    # 80 GiB free: the fresh restore does not fit on the device, the host would take it in place
+    # 80 GiB free: a fresh restore does not fit on the device; in place it does
     (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 80 * GiB)
+    assert v.restore == "in-place"
+    (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 80 * GiB, restore="fresh")
     assert v.restore is None
     assert v.why.startswith("c gds: device memory: needs 120GiB (state 60GiB, restore 60GiB)")
-    (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 80 * GiB, restore="in-place")
-    assert v.restore == "in-place"
+    # 50 GiB free: not even the state
     (v,) = preflight.judge("c", ["cpu-single"], size, {}, 100 * GiB, 50 * GiB)
-    assert v.restore is None and "50GiB free on the GPU" in v.why
+    assert v.restore is None
+    assert v.why.startswith("c cpu-single: device memory: needs 60GiB (state 60GiB), 50GiB free")
     # pinned staging of the whole state is host memory
     (v,) = preflight.judge("c", ["cpu-single"], size, {}, 50 * GiB, 139 * GiB)
     assert v.restore is None and "host memory: needs" in v.why
