@@ -95,24 +95,35 @@ def descendants(table: dict[tuple[int, int], Proc], root: int) -> set[tuple[int,
 
 
 def _delta(
-    a: dict[tuple[int, int], Proc], b: dict[tuple[int, int], Proc], keys: set[tuple[int, int]]
-) -> tuple[int, int]:
-    """(user, system) ticks spent by the processes `keys` between tables a and b.
+    a: dict[tuple[int, int], Proc],
+    b: dict[tuple[int, int], Proc],
+    keys: set[tuple[int, int]],
+    reaped: tuple[float, float] = (0.0, 0.0),
+) -> tuple[float, float]:
+    """(user, system) CPU-seconds spent by the processes `keys` between tables a and b.
 
-    A process alive in b counts its growth (its own time and its reaped children's); one gone
-    by b was reaped by someone whose cutime/cstime took its whole life, so its time before a is
-    taken away here. A process gone by b whose reaper is not among `keys` (a daemon's orphan,
-    reparented to init) is then under-counted by what it ran between a and b."""
-    user = sys_ = 0
+    Each process alive in b counts the growth of its own utime/stime. Processes that ended in
+    between count through their reapers: the growth of the cutime/cstime of those alive in b
+    (plus `reaped`, the growth of this process's RUSAGE_CHILDREN where it is the reaper) holds
+    the whole lives of the children they reaped, so the lives the ended ones had already lived
+    at a are taken away from that pool. The pool is never taken below zero: a kernel thread, the
+    child of a parent that ignores SIGCHLD, or one reaped outside `keys` lands in no reaper's
+    cutime here, and its life must not be taken away from the others' (what it ran between a and
+    its end is then lost). The pool does not need to know who reaped whom: an orphan reparented
+    to init and reaped there counts through init's cutime."""
+    own_u = own_s = 0
+    pool_u, pool_s = reaped[0] * CLK_TCK, reaped[1] * CLK_TCK
     for k in keys:
         pa, pb = a.get(k), b.get(k)
         if pb is not None:
-            user += pb[2] + pb[4] - ((pa[2] + pa[4]) if pa else 0)
-            sys_ += pb[3] + pb[5] - ((pa[3] + pa[5]) if pa else 0)
+            own_u += pb[2] - (pa[2] if pa else 0)
+            own_s += pb[3] - (pa[3] if pa else 0)
+            pool_u += pb[4] - (pa[4] if pa else 0)
+            pool_s += pb[5] - (pa[5] if pa else 0)
         elif pa is not None:
-            user -= pa[2] + pa[4]
-            sys_ -= pa[3] + pa[5]
-    return user, sys_
+            pool_u -= pa[2] + pa[4]
+            pool_s -= pa[3] + pa[5]
+    return (own_u + max(0.0, pool_u)) / CLK_TCK, (own_s + max(0.0, pool_s)) / CLK_TCK
 
 
 def busy_s() -> float:
@@ -213,9 +224,10 @@ class Cost:
 
 
 class Span:
-    """The counters between two readings, split by process class."""
+    """The counters between two readings, split by process class. `own`: the readings' own
+    CPU (user, sys) that fell between them (see `read`), taken away with the sampler's."""
 
-    def __init__(self, a: Reading, b: Reading) -> None:
+    def __init__(self, a: Reading, b: Reading, own: tuple[float, float]) -> None:
         self.a, self.b = a, b
         self.wall_s = (b.t_ns - a.t_ns) / 1e9
         me = os.getpid()
@@ -224,22 +236,18 @@ class Span:
         kernel = {k for k in every if (a.procs.get(k) or b.procs[k])[1]}
         mine = {k for k in every if k[0] == me}
         others = every - ours - kernel - mine
-        du, ds = _delta(a.procs, b.procs, ours)
-        # descendants reaped by this process count in RUSAGE_CHILDREN (their whole lives):
-        # their time before `a` is what _delta took away for them
-        self.user = (
-            b.self_cpu[0] - a.self_cpu[0] + b.children_cpu[0] - a.children_cpu[0] + du / CLK_TCK
-        )
-        self.sys = (
-            b.self_cpu[1] - a.self_cpu[1] + b.children_cpu[1] - a.children_cpu[1] + ds / CLK_TCK
-        )
+        # Descendants reaped by this process count in RUSAGE_CHILDREN (their whole lives),
+        # which joins their reapers' pool in _delta.
+        grew = (b.children_cpu[0] - a.children_cpu[0], b.children_cpu[1] - a.children_cpu[1])
+        du, ds = _delta(a.procs, b.procs, ours, grew)
+        self.user = b.self_cpu[0] - a.self_cpu[0] + du
+        self.sys = b.self_cpu[1] - a.self_cpu[1] + ds
         ou, os_ = _delta(a.procs, b.procs, others)
-        self.others = (ou + os_) / CLK_TCK
+        self.others = ou + os_
         self.busy = b.busy_s - a.busy_s
         self.dram = None if a.dram is None or b.dram is None else b.dram - a.dram
-        # The readings' own cost inside the span (see `read`) and the sampler thread's.
-        self.meter_user = a.own[0] + b.own[0] + b.sampler[0] - a.sampler[0]
-        self.meter_sys = a.own[1] + b.own[1] + b.sampler[1] - a.sampler[1]
+        self.meter_user = own[0] + b.sampler[0] - a.sampler[0]
+        self.meter_sys = own[1] + b.sampler[1] - a.sampler[1]
 
 
 def measure_baseline(seconds: float = BASELINE_S, imc: Imc | None = None) -> Baseline:
@@ -248,7 +256,7 @@ def measure_baseline(seconds: float = BASELINE_S, imc: Imc | None = None) -> Bas
     a = read(imc, first=True)
     time.sleep(seconds)
     b = read(imc, first=False)
-    s = Span(a, b)
+    s = Span(a, b, (a.own[0] + b.own[0], a.own[1] + b.own[1]))
     wall = max(s.wall_s, 1e-9)
     own = s.user + s.sys - s.meter_user - s.meter_sys
     bg = s.busy - s.others - own - s.meter_user - s.meter_sys
@@ -283,13 +291,18 @@ class Meter:
         return self
 
     def stall(self) -> None:
-        self._m = read(self.imc, self.sampler, first=False)
+        # Read like an opening reading: the stall ends as this process's times are read,
+        # and the reading's own cost falls after that, in the persist phase.
+        self._m = read(self.imc, self.sampler, first=True)
 
     def stop(self) -> Cost:
         assert self._a is not None, "Meter.stop() before start()"
+        a = self._a
         b = read(self.imc, self.sampler, first=False)
         m = self._m or b  # no stall reading (save() raised): all of it is stall
-        whole, stall = Span(self._a, b), Span(self._a, m)
+        mid = self._m.own if self._m else (0.0, 0.0)
+        whole = Span(a, b, (a.own[0] + mid[0] + b.own[0], a.own[1] + mid[1] + b.own[1]))
+        stall = Span(a, m, a.own if self._m else (a.own[0] + b.own[0], a.own[1] + b.own[1]))
         bl = self.baseline
         bg = bl.background_cores if bl else 0.0
 
