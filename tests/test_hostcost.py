@@ -469,3 +469,55 @@ def test_sweep_rows_and_env_carry_the_host_cost(tmp_path: Path) -> None:
     assert hc["baseline_after"]["seconds"] >= hostcost.BASELINE_S
     assert r["host_baseline_cores"] == pytest.approx(hc["baseline"]["background_cores"], abs=1e-6)
     assert hc["dram"].startswith("not measured")
+
+
+def test_the_aggregate_of_ranks_counts_each_nodes_kernel_work_once() -> None:
+    # Two ranks on node 0, one on node 1. Each rank's host figure is its own process plus
+    # its node's kernel work; the aggregate adds the processes and each node's kernel once.
+    def row(rank: int, node: int, proc: float, host: float, busy: float) -> dict[str, Any]:
+        return {
+            "rank": rank,
+            "node_rank": node,
+            "cpu_user_s": proc,
+            "cpu_sys_s": 0.0,
+            "stall_cpu_s": proc / 2,
+            "host_cpu_s": host,
+            "stall_host_cpu_s": host / 2,
+            "host_busy_s": busy,
+            "host_others_cpu_s": 1.0,
+            "host_baseline_cores": 0.01,
+            "meter_cpu_s": 0.01,
+            "dram_bytes": None,
+            "stall_dram_bytes": None,
+        }
+
+    rows_ = [row(0, 0, 1.0, 1.3, 3.0), row(1, 0, 2.0, 2.2, 3.1), row(2, 1, 1.0, 1.1, 1.5)]
+    agg = rows._host_aggregate(rows_)
+    # processes 1 + 2 + 1, node 0's kernel max(0.3, 0.2), node 1's 0.1
+    assert agg["host_cpu_s"] == pytest.approx(4.0 + 0.3 + 0.1)
+    assert agg["stall_cpu_s"] == pytest.approx(2.0)
+    assert agg["host_busy_s"] == pytest.approx(3.1 + 1.5)
+    assert agg["host_others_cpu_s"] is None  # the other ranks are each other's "others"
+    assert agg["dram_bytes"] is None
+    rows_[1]["host_cpu_s"] = None  # a rank without the figure: none for the job
+    assert rows._host_aggregate(rows_)["host_cpu_s"] is None
+
+
+def test_a_resumed_results_csv_keeps_its_columns(tmp_path: Path) -> None:
+    # A run begun before the host columns, resumed by this version: its rows must still parse.
+    from bench import results
+
+    path = tmp_path / "results.csv"
+    old = [c for c in results.COLUMNS if c not in rows.HOST_COLUMNS]
+    w = results.RowWriter(str(path), old)
+    w.write({c: 1 for c in old})
+    w.close()
+    w = results.RowWriter(str(path))  # today's columns, appending
+    w.write({c: 2 for c in results.COLUMNS})
+    w.close()
+    import csv
+
+    with open(path, newline="") as f:
+        got = list(csv.reader(f))
+    assert got[0] == old and all(len(r) == len(old) for r in got)
+    assert got[2] == ["2"] * len(old)
