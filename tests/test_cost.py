@@ -194,3 +194,17 @@ def test_cpu_cost_script_writes_what_the_model_reads(tmp_path: Path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_the_report_judges_the_servers_with_the_runs_own_cpu_cost(run: runs.Run) -> None:
+    # the same run on a host 100 times slower per byte: the servers' verdicts follow it
+    ok = run.ok.copy()
+    for c in ("host_cpu_s", "stall_host_cpu_s", "cpu_user_s", "cpu_sys_s", "stall_cpu_s"):
+        ok[c] = ok[c] * 100
+    slow = dataclasses.replace(run, ok=ok)
+    servers = model.load_profiles()
+    judged = report.with_run_cost(servers, slow)
+    assert all(slow.run_id in p.cpu_cost_source for p in judged)
+    line = report.host_answer(slow, servers)
+    assert "dgx-h100-gen4: cannot afford gds, cpu-single, cpu-double, torch-save, dcp" in line
+    assert "dgx-h100-gen4: affords every path" in report.host_answer(run, servers)
