@@ -55,6 +55,12 @@ page-cache reclaim, a memory balloon) is not modelled.
 
 Inputs come from hardware profiles (`configs/hardware/*.yaml`, every figure with its kind and
 source) or from a measured run (`from_run`).
+
+What checkpointing costs the host (`host_need`): every GPU of the host checkpointing at the
+rate R = W(m) its m SSDs write together, cores = CPU-seconds per GB durable (measured by a run:
+configs/hardware/cpu-cost/reference.yaml, or the run's own) x R, DRAM = the path's bytes moved
+per checkpoint byte (derived from its copies, bench.engines.traits.Traits.dram_per_byte) x R,
+against the host's cores and DRAM bandwidth as the profile cites them ("unknown" without).
 """
 
 from __future__ import annotations
@@ -1069,7 +1075,14 @@ def host_text(p: Profile) -> str:
     head = (
         f"what the host pays to checkpoint all {p.host_gpus} GPU(s) at its {p.host_ssds} SSDs' "
         f"{rate / GB:.3g} GB/s (host: {f(p.host_cores, '{:g}')} cores, "
-        f"{f(None if p.dram_Bps is None else p.dram_Bps / GB, '{:.0f} GB/s')} DRAM peak): cores = "
+        f"{f(None if p.dram_Bps is None else p.dram_Bps / GB, '{:.0f} GB/s')} "
+        + (
+            "of DRAM traffic seen, a lower bound of its bandwidth, so the share lost is an upper "
+            "bound"
+            if p.dram_lower_bound
+            else "DRAM peak"
+        )
+        + "): cores = "
         "CPU-seconds per GB durable x GB/s; DRAM = bytes moved per checkpoint byte (derived "
         "from the path's copies) x GB/s; 'persisting' = the part beside training"
     )

@@ -368,6 +368,11 @@ def host_answer(run: Run, servers: list[model.Profile]) -> str:
             "measurement's noise (host - process per repetition, its interquartile range "
             "not above zero): kernel work beside the saves was below what the ticks resolve."
         )
+        if less:
+            text += (
+                f" For {', '.join(less)} the baseline took away more than the kernel did beside "
+                "them (its interquartile range below zero): their host figure is low by that."
+            )
     verdicts = []
     for p in with_run_cost(servers, run):
         needs = model.host_needs(p)
