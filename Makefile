@@ -120,7 +120,7 @@ peers: $(BIN)/.installed
 	$(BIN)/python scripts/peers.py $(ARGS)
 
 # How each path's cost grows with the checkpoint (configs/scaling.yaml, 256 MiB to 12 GiB), and
-# its report (slopes, Figures 9 and 10) in the run's report/ folder.
+# its report (slopes, Figures 10 and 11) in the run's report/ folder.
 .PHONY: scaling
 scaling: $(BIN)/.installed
 	$(BIN)/ckptbench run configs/scaling.yaml $(ARGS); rc=$$?; \

@@ -304,6 +304,102 @@ def host_memory(run: Run) -> Figure:
     return fig
 
 
+@styled
+def host_cpu(run: Run) -> Figure:
+    """CPU cost against write bandwidth, each engine through the tensor sizes of the largest
+    checkpoint (smallest SSD count, as Figure 1): (a) in the stall, (b) while persisting;
+    filled: the whole host (other processes and the idle baseline taken away), hollow: the
+    process and its children. A run without the host columns draws the process alone."""
+    from analysis import cost
+
+    fig, axes = _new(COL2, 2.6, ncols=2, sharey=True)
+    df, total, n = synthetic_subset(run)
+    if df.empty:
+        df, total, n = run.ok, int(run.ok["total_bytes"].max()), int(run.ok["n_targets"].min())
+        df = df[(df["total_bytes"] == total) & (df["n_targets"] == n)]
+    rows = cost.per_row(df)
+    host = rows["host_cpu_s_per_GB"].notna().any()
+    proc_stall = rows["stall_cpu_s_per_GB"]
+    proc_persist = rows["process_cpu_s_per_GB"] - proc_stall
+    panels = [
+        ("(a) stall: save() called until it returned", "stall_host_cpu_s_per_GB", proc_stall),
+        ("(b) persist: until durable", "persist_host_cpu_s_per_GB", proc_persist),
+    ]
+    sizes = sorted(int(x) for x in rows["tensor_bytes"].unique())
+    for ax, (title, col, proc) in zip(axes[0], panels, strict=True):
+        frame = rows.assign(process=proc)
+        g = frame.groupby(["engine", "tensor_bytes"], sort=False).median(numeric_only=True)
+        for e in order_engines(frame["engine"]):
+            if e not in g.index.get_level_values(0):
+                continue
+            s = g.loc[e].sort_index()
+            c = color(e)
+            if host:
+                ax.plot(
+                    s["write_GBps"], s[col], color=c, marker=marker(e), label=_engine_label(df, e)
+                )
+            ax.plot(
+                s["write_GBps"],
+                s["process"],
+                color=c,
+                marker=marker(e),
+                markerfacecolor="white",
+                linestyle=":" if host else "-",
+                label=None if host else _engine_label(df, e),
+            )
+            # the smallest and the largest tensor size, at their points
+            for t in (s.index[0], s.index[-1]):
+                y = s.loc[t, col] if host else s.loc[t, "process"]
+                if np.isfinite(y) and y != 0:  # none for a path with no persist phase
+                    ax.annotate(
+                        format_size(int(t)),
+                        (s.loc[t, "write_GBps"], y),
+                        fontsize=5,
+                        xytext=(2, 2),
+                        textcoords="offset points",
+                        color=c,
+                    )
+        ax.set_xlabel("write bandwidth to durability (GB/s)")
+        ax.set_title(title)
+        ax.set_xlim(left=0)
+    axes[0][0].set_ylabel("CPU-seconds per GB durable")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles += [
+        Line2D([], [], color="0.3", marker="o", label="whole host" if host else "process"),
+        *(
+            [
+                Line2D(
+                    [],
+                    [],
+                    color="0.3",
+                    marker="o",
+                    markerfacecolor="white",
+                    linestyle=":",
+                    label="this process and its children",
+                )
+            ]
+            if host
+            else []
+        ),
+    ]
+    fig.legend(handles=handles, loc="outside right upper")
+    fig.suptitle(
+        f"{format_size(total)} checkpoint, {n} target(s), tensor sizes "
+        f"{format_size(sizes[0])}-{format_size(sizes[-1])}"
+        if sizes
+        else "",
+        fontsize=8,
+    )
+    footer(
+        fig,
+        run,
+        "median of repetitions per tensor size; whole host = /proc/stat busy time less other "
+        "processes' CPU and the run's idle baseline"
+        + ("" if host else "; this run predates the host columns: process CPU only"),
+    )
+    return fig
+
+
 def _unit_profile() -> model.Profile:
     """A profile whose host-memory predictions are in units of S (bandwidths do not matter)."""
     return model.Profile("unit", "", 1.0, 1.0, 1, 1, 1.0, 1)

@@ -55,6 +55,12 @@ page-cache reclaim, a memory balloon) is not modelled.
 
 Inputs come from hardware profiles (`configs/hardware/*.yaml`, every figure with its kind and
 source) or from a measured run (`from_run`).
+
+What checkpointing costs the host (`host_need`): every GPU of the host checkpointing at the
+rate R = W(m) its m SSDs write together, cores = CPU-seconds per GB durable (measured by a run:
+configs/hardware/cpu-cost/reference.yaml, or the run's own) x R, DRAM = the path's bytes moved
+per checkpoint byte (derived from its copies, bench.engines.traits.Traits.dram_per_byte) x R,
+against the host's cores and DRAM bandwidth as the profile cites them ("unknown" without).
 """
 
 from __future__ import annotations
@@ -127,6 +133,10 @@ class ProfileFile(BaseModel):
     ssds_per_host: Quoted | None = None  # default: ssds_per_gpu x GPUs per host
     host_copy_GBps: Quoted | None = None
     checkpoint_size: Quoted | None = None
+    # The host itself (what a checkpoint costs it, `host_need`): its CPU cores and its DRAM
+    # bandwidth. Without a cited figure the verdict on it says "unknown".
+    host_cores: Quoted | None = None
+    dram_GBps: Quoted | None = None
     notes: list[str] = []
 
 
@@ -164,6 +174,16 @@ class Profile:
     serialize_Bps: float | None = None
     # P1(n): the page-cache path with one writer (engines with the single_writer trait).
     buffered_single_by_n: tuple[tuple[int, float], ...] = ()
+    # The host: cores and DRAM bandwidth (B/s) with what they cite (None: unknown), and per
+    # engine the CPU-seconds per GB durable a checkpoint takes, (engine, whole save, persist
+    # phase), with where they were measured.
+    host_cores: float | None = None
+    dram_Bps: float | None = None
+    cpu_cost: tuple[tuple[str, float, float], ...] = ()
+    cpu_cost_source: str = ""
+    # dram_Bps is what the host was seen to move (a run's copy), not its bandwidth: a path
+    # that needs less is affordable, one that needs more is not known to be unaffordable.
+    dram_lower_bound: bool = False
 
     @property
     def host_gpus(self) -> int:
@@ -376,6 +396,10 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
     sources = {k: (v.kind, v.source) for k, v in q.items()}
     if link is not None:
         sources["gds_link_GBps"] = (link.kind, link.source)
+    for key in ("host_cores", "dram_GBps"):
+        if (h := getattr(pf, key)) is not None:
+            sources[key] = (h.kind, h.source)
+    cost, cost_source = reference_cpu_cost(directory)
     return Profile(
         name=pf.name,
         description=pf.description,
@@ -390,7 +414,53 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
         notes=tuple(pf.notes),
         gpus_per_host=_optional_int(pf.gpus_per_host, path, "gpus_per_host", sources),
         ssds_per_host=_optional_int(pf.ssds_per_host, path, "ssds_per_host", sources),
+        host_cores=None if pf.host_cores is None else _number(pf.host_cores, path, "host_cores"),
+        dram_Bps=None if pf.dram_GBps is None else _number(pf.dram_GBps, path, "dram_GBps") * GB,
+        cpu_cost=cost,
+        cpu_cost_source=cost_source,
     )
+
+
+class CpuCostFile(BaseModel):
+    """configs/hardware/cpu-cost/reference.yaml: CPU-seconds per GB durable per engine,
+    measured by a run (scripts/cpu_cost.py writes it), charged to every server profile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    class Engine(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        total: float
+        persist: float | None = None
+
+    kind: Kind
+    source: str
+    engines: dict[str, Engine]
+
+
+CPU_COST = Path("cpu-cost") / "reference.yaml"
+
+
+def reference_cpu_cost(
+    directory: Path = PROFILES_DIR,
+) -> tuple[tuple[tuple[str, float, float], ...], str]:
+    """((engine, CPU-s per GB whole save, persist phase), ...) and its source, from
+    `directory`/cpu-cost/reference.yaml; empty (every cores verdict "unknown") without it."""
+    path = Path(directory) / CPU_COST
+    if not path.is_file():
+        return (), ""
+    try:
+        f = CpuCostFile.model_validate(yaml.safe_load(path.read_text()))
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({e})") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise UserError(f"{path}: {where}: {msg}") from None
+    rows = tuple(
+        (e, v.total, v.persist if v.persist is not None else math.nan) for e, v in f.engines.items()
+    )
+    return rows, f"{f.source} ({f.kind})"
 
 
 def _optional_int(
@@ -509,7 +579,9 @@ def from_run(run: Any) -> Profile:
         notes.append("all targets share one device: SSD-count scaling is not real")
     if run.emulated:
         notes.append("host-emulated run: 'D2H' is a host memory copy, gds is O_DIRECT from memory")
+    host = _host_from_run(run, copy, sources)
     return Profile(
+        **host,
         name=THIS_MACHINE,
         description=f"this machine ({run.env.get('host', '?')}, "
         f"{run.env.get('cpu', {}).get('model', '?')}), from the ceilings of run {rid}",
@@ -651,7 +723,9 @@ def _from_rows(run: Any) -> Profile:
         notes.append("all targets share one device: W(n) = w, SSD-count scaling is not real")
     if run.emulated:
         notes.append("host-emulated run: 'D2H' is a host memory copy, gds is O_DIRECT from memory")
+    host = _host_from_run(run, copy, sources)
     return Profile(
+        **host,
         name=THIS_MACHINE,
         description=f"this machine ({run.env.get('host', '?')}, {run.env.get('cpu', {}).get('model', '?')}), from run {rid}",
         d2h_Bps=d2h or snap,
@@ -666,6 +740,51 @@ def _from_rows(run: Any) -> Profile:
         gpus_per_host=max(per_node) if per_node else None,
         ssds_per_host=max(1, n_dev) if per_node else None,
     )
+
+
+def _host_from_run(
+    run: Any, copy_Bps: float | None, sources: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """The host inputs of 'this machine' from a run: its CPUs (env.json cpu.logical_cores,
+    the CPUs the CPU-seconds were counted on), its DRAM bandwidth where the run shows one (a
+    host-emulated run's copy ceiling moves 2 bytes of DRAM per byte copied: twice it is what
+    the memory moved at least; a CUDA run's copy ceiling is the device link, not DRAM), and the
+    CPU-seconds per GB each engine took in the run's own rows."""
+    from analysis import cost
+
+    rid = run.run_id
+    cores = run.env.get("cpu", {}).get("logical_cores")
+    out: dict[str, Any] = {
+        "host_cores": float(cores) if cores else None,
+        "dram_Bps": None,
+        "dram_lower_bound": False,
+    }
+    if cores:
+        sources["host_cores"] = ("from run", f"env.json cpu.logical_cores of run {rid}")
+    if run.emulated and copy_Bps:
+        out["dram_Bps"], out["dram_lower_bound"] = 2 * copy_Bps, True
+        sources["dram_GBps"] = (
+            "from run",
+            f"2 x the copy ceiling of run {rid} (a memcpy reads and writes each byte): what "
+            "the memory moved with the snapshot's threads, a lower bound of its bandwidth",
+        )
+    per = cost.cpu_cost(run)
+    out["cpu_cost"] = tuple((e, t, p) for e, (t, p, _) in per.items())
+    whats = sorted({w for _, _, w in per.values()})
+    out["cpu_cost_source"] = (
+        f"run {rid}: median CPU-seconds per GB durable of each engine's rows ("
+        + ", ".join(
+            "whole host, others and baseline taken away" if w == "host" else "process only"
+            for w in whats
+        )
+        + ")"
+        + (
+            "; host-emulated: the snapshot is a CPU copy here, a DMA on a GPU"
+            if run.emulated
+            else ""
+        )
+    )
+    return out
 
 
 def with_size(p: Profile, size: int) -> Profile:
@@ -688,6 +807,8 @@ INPUT_LABELS = {
     "ssds_per_host": "SSDs per host m",
     "host_copy_GBps": "host copy C",
     "checkpoint_size": "checkpoint S",
+    "host_cores": "host CPU cores",
+    "dram_GBps": "host DRAM bandwidth",
 }
 
 
@@ -708,10 +829,15 @@ def input_rows(p: Profile) -> list[tuple[str, str, str, str]]:
         "ssds_per_host": str(p.host_ssds),
         "host_copy_GBps": f"{p.host_copy_Bps / GB:.1f} GB/s (c = {p.copy_per_gpu / GB:.1f} GB/s a GPU)",
         "checkpoint_size": fmt_bytes(p.size_bytes),
+        "host_cores": "unknown" if p.host_cores is None else f"{p.host_cores:g}",
+        "dram_GBps": "unknown" if p.dram_Bps is None else f"{p.dram_Bps / GB:.1f} GB/s",
     }
     src = p.sources or {}
     out = []
     for k, label in INPUT_LABELS.items():
+        if k in ("host_cores", "dram_GBps") and k not in src:
+            out.append((label, values[k], "unknown", "no cited figure in the profile"))
+            continue
         if k == "gds_link_GBps" and k not in src:
             out.append((label, values[k], "derived", "= b (the GPU's own x16 link)"))
             continue
@@ -815,6 +941,7 @@ def feasibility_text(p: Profile) -> str:
     )
     lines += ["", describe_break_even(p)]
     lines += ["", sharing_text(p)]
+    lines += ["", host_text(p)]
     return "\n".join(lines)
 
 
@@ -840,6 +967,156 @@ def sharing_text(p: Profile) -> str:
             cells.append(f"{pr.stall_s:.3g} ({g * p.size_bytes / pr.durable_s / GB:.3g})")
         rows.append([str(g), *cells])
     return head + "\n" + text_table(["g GPUs", *ENGINES], rows)
+
+
+# --- what checkpointing costs the host --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostNeed:
+    """What checkpointing every GPU of the host at its SSDs' aggregate rate costs it, through
+    one engine: cores (CPU-seconds per GB x GB/s), DRAM bandwidth (bytes moved per checkpoint
+    byte x B/s), against what the host has. None: not known (no measured CPU cost for the
+    engine, no cited figure for the host)."""
+
+    engine: str
+    rate_Bps: float  # the host's SSDs together: W(m) for all m of them
+    cpu_s_per_GB: float | None
+    cpu_s_per_GB_persist: float | None
+    host_cores: float | None  # needed, the whole save
+    host_cores_persist: float | None  # needed while persisting (beside training)
+    cores_available: float | None
+    dram_per_byte: float  # derived from the path's copies (bench.engines.traits)
+    dram_per_byte_persist: float
+    dram_Bps: float
+    dram_Bps_persist: float
+    dram_available_Bps: float | None
+    verdict: str  # "affordable", "cannot afford: ...", or "unknown: ..."
+
+    @property
+    def dram_share_persist(self) -> float | None:
+        """The share of the host's DRAM bandwidth training loses while the checkpoint
+        persists beside it (None: the bandwidth is unknown; an upper bound where the profile's
+        bandwidth is a lower bound, as a run's is)."""
+        if not self.dram_available_Bps:
+            return None
+        return self.dram_Bps_persist / self.dram_available_Bps
+
+
+def host_need(p: Profile, engine: str, traits: Traits | None = None) -> HostNeed:
+    """`HostNeed` of one engine on profile p: every GPU of the host checkpointing at the rate
+    its SSDs write together (W(m), m = the host's SSDs), whatever the engine's own rate, so
+    that the engines compare at the same work. Cores = CPU-seconds per GB (measured: the
+    reference run's for a server profile, the run's own for this machine) x that rate; DRAM =
+    the path's derived bytes per byte (on a GPU; on this machine's emulation when the profile
+    is a host-emulated run's) x that rate. A path the host cannot afford needs more cores or
+    more DRAM bandwidth than it has (peak bandwidth: what it can use is less)."""
+    t = traits_of(engine, traits)
+    rate = p.storage_Bps(p.host_ssds)
+    cost = {e: (tot, per) for e, tot, per in p.cpu_cost}
+    tot, per = cost.get(engine, (None, None))
+    per = None if per is None or math.isnan(per) else per
+    cores = None if tot is None else tot * rate / GB
+    cores_p = None if per is None else per * rate / GB
+    emulated = p.name == THIS_MACHINE and any("host-emulated" in n for n in p.notes)
+    stall_b, persist_b = t.dram_per_byte(emulated)
+    dram, dram_p = (stall_b + persist_b) * rate, persist_b * rate
+    short, unknown = [], []
+    if cores is None:
+        unknown.append(f"no measured CPU cost of {engine}")
+    elif p.host_cores is None:
+        unknown.append("no cited host cores")
+    elif cores > p.host_cores:
+        short.append(f"{cores:.0f} cores of {p.host_cores:g}")
+    if p.dram_Bps is None:
+        if dram > 0:
+            unknown.append("no cited DRAM bandwidth")
+    elif dram > p.dram_Bps and p.dram_lower_bound:
+        unknown.append(
+            f"{dram / GB:.0f} GB/s of DRAM, more than the {p.dram_Bps / GB:.0f} it was seen to move"
+        )
+    elif dram > p.dram_Bps:
+        short.append(f"{dram / GB:.0f} GB/s of DRAM of {p.dram_Bps / GB:.0f}")
+    if short:
+        verdict = "cannot afford: " + ", ".join(short)
+    elif unknown:
+        verdict = "unknown: " + ", ".join(unknown)
+    else:
+        verdict = "affordable"
+    return HostNeed(
+        engine,
+        rate,
+        tot,
+        per,
+        cores,
+        cores_p,
+        p.host_cores,
+        stall_b + persist_b,
+        persist_b,
+        dram,
+        dram_p,
+        p.dram_Bps,
+        verdict,
+    )
+
+
+def host_needs(p: Profile, traits: dict[str, Traits] | None = None) -> list[HostNeed]:
+    return [host_need(p, e, (traits or {}).get(e)) for e in (traits or ENGINES)]
+
+
+def host_text(p: Profile) -> str:
+    """The host's cost table of `ckptbench model PROFILE`."""
+
+    def f(v: float | None, fmt: str) -> str:
+        return "unknown" if v is None else fmt.format(v)
+
+    needs = host_needs(p)
+    rate = needs[0].rate_Bps if needs else p.storage_Bps(p.host_ssds)
+    head = (
+        f"what the host pays to checkpoint all {p.host_gpus} GPU(s) at its {p.host_ssds} SSDs' "
+        f"{rate / GB:.3g} GB/s (host: {f(p.host_cores, '{:g}')} cores, "
+        f"{f(None if p.dram_Bps is None else p.dram_Bps / GB, '{:.0f} GB/s')} "
+        + (
+            "of DRAM traffic seen, a lower bound of its bandwidth, so the share lost is an upper "
+            "bound"
+            if p.dram_lower_bound
+            else "DRAM peak"
+        )
+        + "): cores = "
+        "CPU-seconds per GB durable x GB/s; DRAM = bytes moved per checkpoint byte (derived "
+        "from the path's copies) x GB/s; 'persisting' = the part beside training"
+    )
+    rows = []
+    for n in needs:
+        share = n.dram_share_persist
+        rows.append(
+            [
+                n.engine,
+                f(n.cpu_s_per_GB, "{:.2f}"),
+                f(n.host_cores, "{:.1f}"),
+                f(n.host_cores_persist, "{:.1f}"),
+                f"{n.dram_per_byte:g}",
+                f"{n.dram_Bps / GB:.1f}",
+                f(None if share is None else 100 * share, "{:.1f}"),
+                n.verdict,
+            ]
+        )
+    table = text_table(
+        [
+            "engine",
+            "CPU s/GB",
+            "cores",
+            "cores persisting",
+            "DRAM B/B",
+            "DRAM GB/s",
+            "DRAM % lost persisting",
+            "verdict",
+        ],
+        rows,
+    )
+    src = f"CPU-seconds per GB: {p.cpu_cost_source or 'none measured'}"
+    # indented under its heading (and so never read as the per-engine table above it)
+    return head + "\n" + "\n".join("  " + ln for ln in table.splitlines()) + "\n" + src
 
 
 # --- what checkpointing costs training -------------------------------------------------------
@@ -926,12 +1203,26 @@ def plan_text(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> str:
 
 
 def plan_json(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> dict[str, Any]:
+    """The plan as JSON; each engine also says what checkpointing every GPU at the SSDs'
+    rate costs the host (`host_need`): `host_cores` and `dram_GBps` needed (null: unknown),
+    beside the host's own (`host`)."""
+    needs = {n.engine: n for n in host_needs(p)}
+    rate = next(iter(needs.values())).rate_Bps if needs else p.storage_Bps(p.host_ssds)
+    src = p.sources or {}
     return {
         "profile": p.name,
         "mtbf_hours": mtbf_h,
         "restart_s": restart_s,
         "gpus_at_once": p.gpus_sharing_host,
         "checkpoint_bytes": p.size_bytes,
+        "host": {
+            "cores": p.host_cores,
+            "dram_GBps": None if p.dram_Bps is None else p.dram_Bps / GB,
+            "ssd_rate_GBps": rate / GB,
+            "cores_source": src.get("host_cores", ("unknown", "no cited figure"))[1],
+            "dram_source": src.get("dram_GBps", ("unknown", "no cited figure"))[1],
+            "cpu_cost_source": p.cpu_cost_source or None,
+        },
         "engines": {
             pl.engine: {
                 "interval_s": pl.interval_s,
@@ -940,7 +1231,22 @@ def plan_json(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> dict[str, An
                 "durable_s": pl.durable_s,
                 "host_bytes": pl.host_bytes,
                 "limited_by_persist": pl.limited_by_persist,
+                **_need_json(needs[pl.engine]),
             }
             for pl in plan(p, mtbf_h * 3600, restart_s)
         },
+    }
+
+
+def _need_json(n: HostNeed) -> dict[str, Any]:
+    return {
+        "host_cores": n.host_cores,
+        "host_cores_persisting": n.host_cores_persist,
+        "cpu_s_per_GB": n.cpu_s_per_GB,
+        "dram_GBps": n.dram_Bps / GB,
+        "dram_GBps_persisting": n.dram_Bps_persist / GB,
+        "dram_bytes_per_byte": n.dram_per_byte,
+        "dram_source": "derived",
+        "dram_share_lost_persisting": n.dram_share_persist,
+        "host_verdict": n.verdict,
     }

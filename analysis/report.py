@@ -14,14 +14,14 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis import contention, figures, model, runs, scaling, stats, training
+from analysis import contention, cost, figures, model, runs, scaling, stats, training
 from analysis.runs import Run
 from bench.errors import UserError
 from bench.sizes import format_size
@@ -42,6 +42,12 @@ CAPTIONS = {
     "timeline": "Figure 5. One checkpoint per engine on a time axis: the stall (training waits) "
     "and the background persist phase, with checksum time inside persist (its position "
     "indicative); from the median repetition.",
+    "host_cpu": "Figure 9. What each path costs the host: CPU-seconds per GB made durable "
+    "against write bandwidth to durability, one line per engine through the tensor sizes of the "
+    "largest checkpoint, (a) in the stall and (b) while persisting; filled markers the whole "
+    "host (/proc/stat busy time less other processes' CPU and the run's idle baseline: kernel "
+    "writeback and interrupts count), hollow this process and its children; medians of "
+    "repetitions.",
     "lost_fraction": "Figure 8. What checkpointing costs training on this machine: the expected "
     "fraction of training time lost (stalls plus rework after a failure) against the mean time "
     "between failures, each engine at its best interval (Young/Daly with its stall as the cost; "
@@ -314,7 +320,116 @@ def answer(run: Run, this: model.Profile | None, profiles: list[model.Profile]) 
         "Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
         "beside the model, Figure 3 the host memory the CPU-centric paths pay for it."
     )
+    out.append(host_answer(run, servers))
     return out
+
+
+def with_run_cost(profiles: list[model.Profile], run: Run) -> list[model.Profile]:
+    """The server profiles charged this run's CPU-seconds per GB (the report's verdicts
+    measure the paths here, not the reference run's)."""
+    per = cost.cpu_cost(run)
+    if not per:
+        return profiles
+    rows = tuple((e, t, p) for e, (t, p, _) in per.items())
+    src = f"run {run.run_id} (this report's run)"
+    return [
+        p if p.name == model.THIS_MACHINE else replace(p, cpu_cost=rows, cpu_cost_source=src)
+        for p in profiles
+    ]
+
+
+def host_answer(run: Run, servers: list[model.Profile]) -> str:
+    """The answer's line on what each path costs the host: CPU-seconds per GB here, and the
+    servers' verdicts with this run's CPU cost."""
+    t = cost.table(run)
+    host = cost.has_host(run)
+    col = "host_cpu_s_per_GB" if host else "process_cpu_s_per_GB"
+    parts = [
+        f"{r['engine']} {r[col]:.2f}" + (f" ({r['process_cpu_s_per_GB']:.2f})" if host else "")
+        for _, r in t.iterrows()
+        if not np.isnan(r[col])
+    ]
+    emu = ", host-emulated" if run.emulated else ""
+    text = (
+        f"**What it costs the host (this run{emu}):** CPU-seconds per GB made durable, "
+        + (
+            "the whole host (this process alone): "
+            if host
+            else "this process (no host figure in this run): "
+        )
+        + "; ".join(parts)
+        + "."
+    )
+    if host:
+        more, less = cost.kernel_beside(run)
+        text += (
+            f" The host paid more than the process (host - process per repetition, its "
+            f"interquartile range above zero) for {', '.join(more)}: kernel work beside it."
+            if more
+            else " For no engine did the host pay more than the process beyond the "
+            "measurement's noise (host - process per repetition, its interquartile range "
+            "not above zero): kernel work beside the saves was below what the ticks resolve."
+        )
+        if less:
+            text += (
+                f" For {', '.join(less)} the baseline took away more than the kernel did beside "
+                "them (its interquartile range below zero): their host figure is low by that."
+            )
+    verdicts = []
+    for p in with_run_cost(servers, run):
+        needs = model.host_needs(p)
+        bad = [n.engine for n in needs if n.verdict.startswith("cannot")]
+        unknown = [n.engine for n in needs if n.verdict.startswith("unknown")]
+        top = max((n for n in needs), key=lambda n: n.dram_Bps_persist, default=None)
+        line = f"{p.name}: " + (
+            f"cannot afford {', '.join(bad)}"
+            if bad
+            else "affords every path"
+            if not unknown
+            else f"unknown for {', '.join(unknown)}"
+        )
+        if top is not None and top.dram_share_persist is not None:
+            line += (
+                f" (persisting, {top.engine} takes {100 * top.dram_share_persist:.0f} % of its "
+                "DRAM peak from training)"
+            )
+        verdicts.append(line)
+    if verdicts:
+        text += (
+            " Checkpointing every GPU at the SSDs' rate with these CPU costs (Figure 9, the "
+            "host table below): " + "; ".join(verdicts) + "."
+        )
+    return text
+
+
+def host_profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[str]]]:
+    """Per profile and engine: cores and DRAM GB/s needed to checkpoint every GPU at the SSDs'
+    rate, and the verdict."""
+    headers = [
+        "profile",
+        "engine",
+        "cores needed (host has)",
+        "DRAM GB/s (host peak)",
+        "DRAM % lost persisting",
+        "verdict",
+    ]
+    out = []
+    for p in profiles:
+        for n in model.host_needs(p):
+            have = "unknown" if p.host_cores is None else f"{p.host_cores:g}"
+            peak = "unknown" if p.dram_Bps is None else f"{p.dram_Bps / 1e9:.0f}"
+            share = n.dram_share_persist
+            out.append(
+                [
+                    p.name,
+                    n.engine,
+                    ("unknown" if n.host_cores is None else f"{n.host_cores:.1f}") + f" ({have})",
+                    f"{n.dram_Bps / 1e9:.1f} ({peak})",
+                    "unknown" if share is None else f"{100 * share:.1f}",
+                    n.verdict,
+                ]
+            )
+    return headers, out
 
 
 def model_frame(run: Run, this: model.Profile) -> pd.DataFrame:
@@ -578,6 +693,7 @@ def build(
     if scaling.present(run):
         made["scaling"] = scaling.times_figure(run, this)
         made["scaling_memory"] = scaling.memory_figure(run)
+    made["host_cpu"] = figures.host_cpu(run)
     if this is not None:
         made["lost_fraction"] = figures.lost_fraction(
             this, {e: t for e in run.engines if (t := run.traits(e)) is not None}, run=run
@@ -594,6 +710,9 @@ def build(
     if not figures_only:
         csv_path = os.path.join(outdir, "summary.csv")
         table.to_csv(csv_path, index=False)
+        host_csv = os.path.join(outdir, "host_cost.csv")
+        cost.table(run).to_csv(host_csv, index=False)
+        paths.append(host_csv)
         if this is not None:
             mvm = os.path.join(outdir, "model_vs_measured.csv")
             model_frame(run, this)[MODEL_CSV].to_csv(mvm, index=False)
@@ -654,6 +773,8 @@ def document(
         )
     )
     d.table(*stats.summary_rows(table))
+
+    host_section(d, run, profiles)
 
     d.h(2, "Figures")
     for stem in figures.FIGURES:
@@ -722,6 +843,36 @@ def document(
     d.h(2, "Environment")
     d.table(["", "value"], env_rows(run.env))
     return d
+
+
+def host_section(d: Doc, run: Run, profiles: list[model.Profile]) -> None:
+    """What each path costs the host: the per-engine table, Figure 9 and the servers."""
+    d.h(2, "What each path costs the host")
+    host = cost.has_host(run)
+    d.p(
+        "Per engine, medians over every timed repetition, per GB made durable (1e9 B): CPU "
+        "seconds of this process (every thread and the children it ran) and of the whole host "
+        "(/proc/stat busy time less other processes' CPU time and the run's idle baseline, so "
+        "kernel writeback, journal threads and interrupts count), the host's part in the stall "
+        "and while persisting; cores busy while persisting (a path that persists inside its "
+        "stall: over the whole save); host DRAM bytes moved per checkpoint byte, measured from "
+        "the memory controllers' counters where the run read them, else derived from the path's "
+        "copies (`derived`; on this run's device, and on a GPU server beside it). host_cost.csv "
+        "has the numbers."
+        + ("" if host else " This run predates the host columns: the process figure alone.")
+    )
+    d.table(*cost.rows_md(cost.table(run)))
+    d.img("host_cpu.png", CAPTIONS["host_cpu"])
+    d.p(
+        "What it would cost each profiled host to checkpoint all its GPUs at its SSDs' "
+        "aggregate rate, charged this run's CPU-seconds per GB (servers) or the profile's own "
+        "(this machine): cores = CPU-s/GB x GB/s, DRAM = derived bytes per byte x GB/s, against "
+        "the host's cores and DRAM peak as the profiles cite them (`unknown` where a profile "
+        "cites none); 'DRAM % lost persisting' = the share of the peak the path takes beside "
+        "training while it persists. `ckptbench model PROFILE` prints the same with the "
+        "reference run's CPU cost (configs/hardware/cpu-cost/reference.yaml)."
+    )
+    d.table(*host_profile_rows(with_run_cost(profiles, run)))
 
 
 # --- the training-loop run (`ckptbench train`) ------------------------------------------------

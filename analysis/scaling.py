@@ -237,5 +237,5 @@ def section(d: Any, run: Run) -> None:
     )
     if not table.empty:
         d.table(*rows(table))
-    d.img("scaling.png", "Figure 9: stall and time to durability against checkpoint size.")
-    d.img("scaling_memory.png", "Figure 10: host memory held against checkpoint size.")
+    d.img("scaling.png", "Figure 10: stall and time to durability against checkpoint size.")
+    d.img("scaling_memory.png", "Figure 11: host memory held against checkpoint size.")

@@ -42,6 +42,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.result = Sample()
+        self._own0 = self._own = (0.0, 0.0)
 
     def _poll(self) -> None:
         c = cached_bytes() - self._cache0
@@ -52,8 +53,16 @@ class Sampler:
             self.result.rss_peak_bytes = r
 
     def _run(self) -> None:
+        self._own0 = self._own = _thread_cpu()
         while not self._stop.wait(self.interval_s):
             self._poll()
+            self._own = _thread_cpu()  # one tuple, replaced whole: read from other threads
+
+    def own_cpu(self) -> tuple[float, float]:
+        """(user, sys) CPU-seconds this sampler's thread has used so far (as of its last
+        sample): the measurement's own cost, which bench.hostcost takes away."""
+        own, own0 = self._own, self._own0
+        return own[0] - own0[0], own[1] - own0[1]
 
     def start(self) -> Sampler:
         self._cache0 = cached_bytes()
@@ -74,6 +83,11 @@ class Sampler:
         self.result.cpu_user_s = ru.ru_utime - self._ru0.ru_utime
         self.result.cpu_sys_s = ru.ru_stime - self._ru0.ru_stime
         return self.result
+
+
+def _thread_cpu() -> tuple[float, float]:
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    return ru.ru_utime, ru.ru_stime
 
 
 def now_ns() -> int:

@@ -63,7 +63,23 @@ COLUMNS = [
     "ceiling_beaten",
     "restore_resident_bytes",
     "restore_into",
+    "host_cpu_s",
+    "stall_cpu_s",
+    "stall_host_cpu_s",
+    "host_busy_s",
+    "host_others_cpu_s",
+    "host_baseline_cores",
+    "meter_cpu_s",
+    "dram_bytes",
+    "stall_dram_bytes",
 ]
+# What a save cost the host (bench.hostcost): cpu_user_s and cpu_sys_s are this process's
+# threads and the children it ran, stall_cpu_s their part until save() returned; host_cpu_s the
+# whole machine's busy CPU time less other processes' and the run's idle baseline
+# (host_baseline_cores x the save's wall time), stall_host_cpu_s its part in the stall;
+# host_busy_s and host_others_cpu_s the raw busy time and what was taken away for other
+# processes; meter_cpu_s the measurement's own CPU, taken away from all of them; dram_bytes and
+# stall_dram_bytes the DRAM traffic from uncore IMC counters (empty where there are none).
 # io_detail: what the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's
 # settings, device/host/registered bytes, why a save was labelled compat); restore_mode: how the
 # restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`);
@@ -93,8 +109,16 @@ class RowWriter:
         self.path = path
         self.columns = columns or COLUMNS
         new = not os.path.exists(path)
+        extra = "raise"
+        if not new:
+            # A run resumed by a newer ckptbench keeps the columns its file began with: rows
+            # wider than the header would no longer parse (the new columns are left out).
+            with open(path, newline="") as f:
+                head = next(csv.reader(f), None)
+            if head and head != self.columns and set(head) <= set(self.columns):
+                self.columns, extra = head, "ignore"
         self._f = open(path, "a", newline="")  # closed in close()
-        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="raise")
+        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction=extra)
         if new:
             self._w.writeheader()
             self._sync()

@@ -13,7 +13,7 @@ import json
 import socket
 from typing import Any
 
-from bench import measure, results, verify
+from bench import hostcost, measure, results, verify
 from bench.efficiency import beaten, efficiency
 from bench.engines import REGISTRY
 
@@ -94,7 +94,22 @@ def new_row(
         "restore_mode": "",
         "restore_resident_bytes": None,
         "restore_into": None,
+        **{c: None for c in HOST_COLUMNS},
     }
+
+
+# What a save cost the host (bench.hostcost.Cost), filled by save_phase.
+HOST_COLUMNS = (
+    "host_cpu_s",
+    "stall_cpu_s",
+    "stall_host_cpu_s",
+    "host_busy_s",
+    "host_others_cpu_s",
+    "host_baseline_cores",
+    "meter_cpu_s",
+    "dram_bytes",
+    "stall_dram_bytes",
+)
 
 
 def save_phase(
@@ -104,10 +119,14 @@ def save_phase(
     name: str,
     ceilings: dict[str, Any] | None,
     after_save: Any = None,
+    host: hostcost.Host | None = None,
 ) -> None:
-    """Save `state` as `name` and wait until durable, sampling memory; fills the row's save
-    columns. `after_save()`, if given, runs between save() returning and the wait (a hook for
-    fault injection). Raises what the save raised.
+    """Save `state` as `name` and wait until durable, sampling memory and reading what it
+    cost the host (bench.hostcost: the stall ends when save() returns; `host` holds the run's
+    idle baseline, taken away from the host figures, and its DRAM counters); fills the row's
+    save columns.
+    `after_save()`, if given, runs between save() returning and the wait (a hook for fault
+    injection). Raises what the save raised.
 
     The cyclic garbage of what ran before (the last restore, a library's internals) is
     collected first, untimed: a collection that the save's own allocations set off would
@@ -115,12 +134,15 @@ def save_phase(
     gc.collect()
     sampler = measure.Sampler()
     sampler.start()
+    meter = (host or hostcost.Host()).meter(sampler).start()
     try:
         pending = eng.save(state, name)
+        meter.stall()
         if after_save is not None:
             after_save()
         res = pending.wait()
     finally:
+        cost = meter.stop()
         sample = sampler.stop()
     row.update(
         gds_mode=res.gds_mode,
@@ -137,6 +159,7 @@ def save_phase(
         **dataclasses.asdict(sample),
         io_detail=json.dumps(res.extra, sort_keys=True) if res.extra else "",
     )
+    row.update(cost.columns())  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
     row["write_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
     row["ceiling_beaten"] = beaten(row["write_efficiency"], row["snapshot_efficiency"])
 
@@ -265,6 +288,7 @@ def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None
             key = r["node_rank"]
             per_node[key] = max(per_node.get(key, 0), float(r["page_cache_peak_bytes"]))
     out["page_cache_peak_bytes"] = int(sum(per_node.values())) if per_node else None
+    out.update(_host_aggregate(rows))
     if out["total_s"] is not None and out["stall_s"] is not None:
         out["write_efficiency"], out["snapshot_efficiency"] = efficiency(out, ceilings)
         out["ceiling_beaten"] = beaten(out["write_efficiency"], out["snapshot_efficiency"])
@@ -272,6 +296,49 @@ def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None
     bad = next((r for r in rows if r["error"] and not r["error"].startswith(FOLLOWED)), None)
     bad = bad or next((r for r in rows if r["error"]), None)
     out["error"] = f"rank {bad['rank']}: {bad['error']}" if bad else ""
+    return out
+
+
+def _host_aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The host columns of an aggregate row. Each rank reads its whole node: its host_cpu_s is
+    its own process's CPU plus the node's kernel work (the other ranks are other processes to
+    it), so the aggregate sums the processes and adds, per node, the largest kernel part;
+    busy time, the baseline and DRAM traffic are the node's: per node the largest, summed.
+    None where a rank lacks them; host_others_cpu_s has no meaning across ranks (None)."""
+
+    def val(r: dict[str, Any], k: str) -> float | None:
+        v = r.get(k)
+        return None if v is None or v == "" else float(v)
+
+    out: dict[str, Any] = {c: None for c in HOST_COLUMNS}
+    if any(val(r, "host_cpu_s") is None for r in rows):
+        return out
+    nodes: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows:
+        nodes.setdefault(r["node_rank"], []).append(r)
+
+    def proc(r: dict[str, Any]) -> float:
+        return (val(r, "cpu_user_s") or 0.0) + (val(r, "cpu_sys_s") or 0.0)
+
+    def host(host_key: str, proc_of: Any) -> float:
+        own = sum(proc_of(r) for r in rows)
+        kern = sum(max(val(r, host_key) - proc_of(r) for r in rs) for rs in nodes.values())
+        return own + kern
+
+    def node_max(k: str) -> float | None:
+        if any(val(r, k) is None for r in rows):
+            return None
+        return sum(max(val(r, k) for r in rs) for rs in nodes.values())
+
+    out["host_cpu_s"] = host("host_cpu_s", proc)
+    if all(val(r, "stall_host_cpu_s") is not None for r in rows):
+        out["stall_host_cpu_s"] = host("stall_host_cpu_s", lambda r: val(r, "stall_cpu_s") or 0.0)
+    out["stall_cpu_s"] = sum(val(r, "stall_cpu_s") or 0.0 for r in rows)
+    out["meter_cpu_s"] = sum(val(r, "meter_cpu_s") or 0.0 for r in rows)
+    for k in ("host_busy_s", "host_baseline_cores", "dram_bytes", "stall_dram_bytes"):
+        out[k] = node_max(k)
+    for k in ("dram_bytes", "stall_dram_bytes"):
+        out[k] = None if out[k] is None else int(out[k])
     return out
 
 

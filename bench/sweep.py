@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import ceiling, measure, plan, preflight, results, rows, sizes, verify
+from bench import ceiling, hostcost, measure, plan, preflight, results, rows, sizes, verify
 from bench import config as config_mod
 from bench import distributed as dist
 from bench import env as env_mod
@@ -66,6 +66,7 @@ class Sweep:
         self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
         self.cache_dropped = False
         self.done: set[tuple[str, bool, int]] = set()
+        self.host = hostcost.Host()  # measured in run()
 
     # shortcuts for the CLI and tests
     @property
@@ -121,7 +122,11 @@ class Sweep:
         core.run_id, core.run_dir = head["run_id"], head["run_dir"]
         self.done = {tuple(x) for x in head["done"]}
         self._environment(wls, paths_all)
+        # The host at rest, in this run, before any save: what the saves' host figures take
+        # away (bench.hostcost). Every rank reads its own node while all of them are idle.
+        self.host = hostcost.Host.measure()
         if w.rank == 0:
+            core.env["host_cost"] = self.host.info()
             core.open_writers({"results.csv": results.COLUMNS})
         n_saves = (cfg.warmups + cfg.repetitions) * sum(
             1
@@ -148,6 +153,9 @@ class Sweep:
         try:
             for g in self.groups:
                 self._run_group(g, wls)
+            after = hostcost.measure_baseline(imc=self.host.imc)
+            if w.rank == 0:  # the baseline again after the sweep: how much it moved
+                core.env["host_cost"]["baseline_after"] = after.to_json()
             w.agree(
                 "the ceilings after the sweep",
                 (lambda: self._ceilings_after(wls)) if w.rank == 0 else (lambda: None),
@@ -155,6 +163,7 @@ class Sweep:
             )
         finally:
             ceiling.release(self._probe_buffers)
+            self.host.close()
             core.close()
         if w.rank == 0 and core.run_dir:
             # the rows were judged against the ceilings before the sweep; now the run's best
@@ -716,7 +725,7 @@ class Sweep:
         fault = self.faults.get((self.world.rank, self.saves))
         try:
             hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
-            rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook)
+            rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook, host=self.host)
             if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
                 row["write_efficiency"] = row["snapshot_efficiency"] = None
                 row["ceiling_beaten"] = False

@@ -416,7 +416,8 @@ def test_report_writes_every_file(built: report.Report) -> None:
         assert (out / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
     for name in ("summary.csv", "report.md", "report.html"):
         assert (out / name).is_file()
-    assert len(built.paths) == 16  # model_vs_measured.csv and Figure 8 (lost fraction)
+    # model_vs_measured.csv, Figure 8 (lost fraction), Figure 9 (host CPU) and host_cost.csv
+    assert len(built.paths) == 19
     assert built.seconds < 30
 
 
@@ -496,10 +497,10 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
 def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(DEFAULT), "-o", str(tmp_path), "--figures-only"]) == 0
     out = capsys.readouterr().out
-    assert "wrote 12 files" in out  # the five figures and Figure 8, PNG and PDF
+    assert "wrote 14 files" in out  # the five figures, Figures 8 and 9, PNG and PDF
     assert "note: HOST-EMULATED run" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{s}.{e}" for s in (*figures.FIGURES, "lost_fraction") for e in ("png", "pdf")
+        f"{s}.{e}" for s in (*figures.FIGURES, "lost_fraction", "host_cpu") for e in ("png", "pdf")
     )
     assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err

@@ -19,6 +19,7 @@ from bench.errors import UserError
 FIX = Path(__file__).parent / "fixtures" / "runs"
 DEFAULT = FIX / "20261202T160516Z-default-b10c3b"
 GB = 1e9
+HOST_KEYS = ("host_cores", "dram_GBps")
 
 
 def prof(**kw: float) -> model.Profile:
@@ -206,6 +207,8 @@ def test_profiles_quote_the_reference_figures(
     assert model.break_even_ssds(p) == break_even
     assert set(p.sources) >= set(model.REQUIRED_INPUTS)
     for key, (kind, source) in p.sources.items():
+        if key in HOST_KEYS:  # public figures of their own: test_host_figures_cite_their_source
+            continue
         assert kind in ("measured", "vendor rating", "spec", "assumed"), key
         # every figure cites the reference list, or says it is assumed
         assert "figures.md" in source or kind == "assumed", (key, source)
@@ -431,3 +434,125 @@ def test_cli_model_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.startswith(message)
     assert err.count("\n") == 1
+
+
+# --- what checkpointing costs the host -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "cores", "dram", "cites"),
+    [
+        ("dgx-h100-gen4", 112, 614.4, ("inference_results_v3.1", "ServeTheHome")),
+        ("dgx-h100-gen5", 112, 614.4, ("inference_results_v3.1", "ServeTheHome")),
+        ("a100-gen4", 128, 409.6, ("inference_results_v3.0", "Tom's Hardware")),
+        ("nd-h200-v5", 96, None, ("nd-h200-v5-series",)),
+    ],
+)
+def test_host_figures_cite_their_source(
+    name: str, cores: float, dram: float | None, cites: tuple[str, ...]
+) -> None:
+    p = model.load_profile(name)
+    assert p.host_cores == cores
+    assert p.dram_Bps == (None if dram is None else pytest.approx(dram * GB))
+    text = " ".join(p.sources[k][1] for k in HOST_KEYS if k in p.sources)
+    for c in cites:
+        assert c in text
+    for k in HOST_KEYS:
+        if k in p.sources:
+            kind, source = p.sources[k]
+            assert kind in ("spec", "derived", "assumed"), (k, kind)
+            if kind == "assumed":
+                assert "not verified" in source
+    if dram is None:  # no cited figure: the table says so, never a guess
+        row = next(r for r in model.input_rows(p) if r[0] == "host DRAM bandwidth")
+        assert row[1:3] == ("unknown", "unknown")
+
+
+def host_prof(**kw: object) -> model.Profile:
+    """prof() with 2 SSDs of 5 GB/s in all (10 GB/s), 10 cores, 100 GB/s of DRAM and a CPU
+    cost for cpu-double (0.5 CPU-s per GB, 0.3 of it persisting) and gds (0.1, persist unknown)."""
+    base: dict[str, object] = dict(
+        host_cores=10.0,
+        dram_Bps=100 * GB,
+        cpu_cost=(("cpu-double", 0.5, 0.3), ("gds", 0.1, math.nan)),
+        cpu_cost_source="by hand",
+    )
+    base.update(kw)
+    return dataclasses.replace(prof(), **base)  # type: ignore[arg-type]
+
+
+def test_host_need_by_hand() -> None:
+    p = host_prof()
+    assert p.storage_Bps(p.host_ssds) == pytest.approx(10 * GB)  # 2 GPUs x 1 SSD x 5 GB/s
+    cd = model.host_need(p, "cpu-double")
+    assert cd.host_cores == pytest.approx(0.5 * 10)
+    assert cd.host_cores_persist == pytest.approx(0.3 * 10)
+    # staging lands (1), the page-cache copy reads and writes (2), the SSD reads it (1)
+    assert cd.dram_per_byte == 4 and cd.dram_per_byte_persist == 3
+    assert cd.dram_Bps == pytest.approx(40 * GB)
+    assert cd.dram_share_persist == pytest.approx(30 / 100)
+    assert cd.verdict == "affordable"
+    gds = model.host_need(p, "gds")
+    assert gds.host_cores == pytest.approx(1.0) and gds.host_cores_persist is None
+    assert gds.dram_Bps == 0 and gds.verdict == "affordable"
+    assert model.host_need(p, "cpu-single").verdict == "unknown: no measured CPU cost of cpu-single"
+    few = model.host_need(host_prof(host_cores=4.0), "cpu-double")
+    assert few.verdict == "cannot afford: 5 cores of 4"
+    slow = model.host_need(host_prof(dram_Bps=30 * GB), "cpu-double")
+    assert slow.verdict == "cannot afford: 40 GB/s of DRAM of 30"
+    blind = host_prof(dram_Bps=None, host_cores=None)
+    assert model.host_need(blind, "cpu-double").verdict == (
+        "unknown: no cited host cores, no cited DRAM bandwidth"
+    )
+    assert model.host_need(blind, "cpu-double").dram_share_persist is None
+    # gds moves no host DRAM: only its cores are unknown
+    assert model.host_need(blind, "gds").verdict == "unknown: no cited host cores"
+
+
+def test_cli_model_json_gives_host_cores_and_dram_for_every_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    assert main(["model", "dgx-h100-gen4", "--mtbf", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    p = model.load_profile("dgx-h100-gen4")
+    assert out["host"]["cores"] == 112 and out["host"]["dram_GBps"] == pytest.approx(614.4)
+    assert out["host"]["ssd_rate_GBps"] == pytest.approx(8 * 3.8)
+    cost = {e: t for e, t, _ in p.cpu_cost}
+    assert set(cost) >= set(model.ENGINES)  # the reference file covers every model engine
+    for e in model.ENGINES:
+        got = out["engines"][e]
+        assert got["host_cores"] == pytest.approx(cost[e] * 8 * 3.8)
+        per_byte = sum(model.BUILTIN[e].dram_per_byte(False))
+        assert got["dram_GBps"] == pytest.approx(per_byte * 8 * 3.8)
+        assert got["dram_source"] == "derived"
+        assert got["host_verdict"] in ("affordable",) or got["host_verdict"].startswith("cannot")
+    assert out["engines"]["gds"]["dram_GBps"] == 0
+    assert out["engines"]["cpu-double"]["dram_GBps"] > out["engines"]["cpu-single"]["dram_GBps"]
+    # no cited DRAM bandwidth: unknown, never a guess
+    assert main(["model", "nd-h200-v5", "--mtbf", "12", "--json"]) == 0
+    nd = json.loads(capsys.readouterr().out)
+    assert nd["host"]["dram_GBps"] is None
+    assert nd["engines"]["cpu-double"]["dram_share_lost_persisting"] is None
+    assert "no cited DRAM bandwidth" in nd["engines"]["cpu-double"]["host_verdict"]
+
+
+def test_cli_model_prints_what_the_host_pays(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "dgx-h100-gen4"]) == 0
+    out = capsys.readouterr().out
+    assert "what the host pays to checkpoint all 8 GPU(s) at its 8 SSDs' 30.4 GB/s" in out
+    assert "(host: 112 cores, 614 GB/s DRAM peak)" in out
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("  cpu-")}
+    assert rows["cpu-double"][4] == "4" and rows["cpu-single"][4] == "2"  # DRAM B/B
+    assert "CPU-seconds per GB: ckptbench run " in out  # the reference file's source
+
+
+def test_reference_cpu_cost_errors_are_one_line(tmp_path: Path) -> None:
+    (tmp_path / "cpu-cost").mkdir()
+    assert model.reference_cpu_cost(tmp_path) == ((), "")  # none: every cores verdict unknown
+    (tmp_path / "cpu-cost" / "reference.yaml").write_text(
+        "kind: measured\nsource: s\nengines: {gds: {total: 1, totl: 1}}\n"
+    )
+    with pytest.raises(UserError, match="reference.yaml: engines.gds.totl: unknown key"):
+        model.reference_cpu_cost(tmp_path)

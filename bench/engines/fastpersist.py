@@ -52,6 +52,7 @@ class FastPersist(BaselineEngine):
         baseline=True,
         serializes=True,
         summary="torch.save into DeepSpeed's FastFileWriter (pinned buffer, libaio O_DIRECT), fsync",
+        host_passes=1,  # torch.save's records copied into the page-locked buffer
     )
 
     def __init__(self, targets: list[str], **options: Any) -> None:

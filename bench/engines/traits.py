@@ -45,6 +45,36 @@ class Traits:
     single_writer: bool = False
     # One line for reports: what it does.
     summary: str = ""
+    # CPU copies of the whole checkpoint inside host memory after it lands there, each reading
+    # and writing every byte: the copy into the page cache of a buffered write, FastPersist's
+    # copy into its pinned buffer. None: one for a page-cache path, none otherwise.
+    host_passes: int | None = None
+
+    def dram_per_byte(self, emulated: bool = False) -> tuple[float, float]:
+        """(stall, persist) bytes of host DRAM traffic per checkpoint byte, derived from the
+        path's copies (the `derived` figure where no memory-controller counter is read):
+
+        - landing in host memory: on a GPU the device-to-host DMA writes each byte once (1); on
+          a host-emulated device the "device" is host memory and a snapshot is a memcpy (read
+          + write: 2), while an engine that serialises from the tensors in place lands nothing;
+        - each host pass (`host_passes`): read + write, 2;
+        - the storage reading it back: the SSD's DMA reads host memory once (1); GDS on a GPU
+          reads device memory instead (0).
+
+        A snapshot engine's landing is in its stall and the rest in its persist phase; an
+        engine that stalls until durable has it all in the stall. Copies a library makes inside
+        itself (torch.save's pageable device-to-host bounce, safetensors' byte buffers) and
+        checksum reads (one more read of the staging for cpu-single and cpu-double with
+        checksums on the host) are not counted: a lower bound."""
+        passes = (1 if self.page_cache else 0) if self.host_passes is None else self.host_passes
+        if emulated:
+            land = 2.0 if self.stall == "snapshot" and not self.from_device else 0.0
+            back = 1.0
+        else:
+            land = 0.0 if self.from_device else 1.0
+            back = 0.0 if self.from_device else 1.0
+        rest = 2.0 * passes + back
+        return (land, rest) if self.stall == "snapshot" else (land + rest, 0.0)
 
     def write_ceiling(self) -> str:
         """The device ceiling its write is judged against (a key of env.json `ceilings`)."""
