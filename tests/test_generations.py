@@ -1,0 +1,241 @@
+"""bench.generations and bench.manifest on the branches where a defect would lose data: a save
+still in flight (its writer alive, here or on another host) is never taken for leftovers, by the
+next save nor by `ckptbench clean`; a save over a damaged manifest leaves no data of the old
+generation behind; a manifest of another format is refused by name.
+
+Saves in flight are real: a live process named by a marker, or an engine's save held inside its
+write path by an event (nothing here depends on how fast the machine is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import STRIPED_ENGINES
+
+from bench import cli, generations, layout, manifest
+from bench.checksums import checksum
+from bench.errors import UserError
+from bench.verify import first_difference
+
+HANG_S = 60  # a deadline that only catches a hang
+
+
+def state_of(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(60, 100, generator=g), "b": torch.randint(0, 9, (77,), generator=g)}
+
+
+def lay_out_save(dirs: list[str], name: str, save_id: str, marker: dict[str, Any]) -> list[str]:
+    """What a save of `name` in flight (or killed) has on the targets: its marker naming its
+    writer and a part of a data file on each; returns the paths."""
+    paths = []
+    for t, d in enumerate(dirs):
+        ckpt = Path(d) / name
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / f".saving-{save_id}").write_text(json.dumps(marker))
+        (ckpt / f"data-{t}.{save_id}.bin").write_bytes(b"half a stripe")
+        paths += [str(ckpt / f".saving-{save_id}"), str(ckpt / f"data-{t}.{save_id}.bin")]
+    return sorted(paths)
+
+
+@pytest.fixture
+def live_pid() -> Any:
+    """The pid of a process of ours that runs until the test ends it (`stop()`)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+
+    class Live:
+        pid = proc.pid
+
+        @staticmethod
+        def stop() -> None:
+            proc.stdin.close()  # type: ignore[union-attr]
+            proc.wait(HANG_S)
+
+    yield Live
+    if proc.poll() is None:
+        Live.stop()
+
+
+IN_FLIGHT = "00112233445566ff"
+
+
+@pytest.mark.parametrize("engine", ["cpu-double"])
+def test_a_live_writers_files_are_no_leftovers_until_it_is_gone(
+    make_engine, targets, live_pid, capsys, engine
+):
+    """A marker that names a running process on this host: neither the next save of the name
+    nor `ckptbench clean` touches its files; once the process is gone both take them."""
+    dirs = targets(2)
+    eng = make_engine(engine, dirs, chunk_bytes="8KiB")
+    eng.save(state_of(1), "ckpt").wait()
+    mine = lay_out_save(
+        dirs, "ckpt", IN_FLIGHT, {"pid": live_pid.pid, "host": socket.gethostname()}
+    )
+    assert generations.leftovers(dirs, "ckpt") == []
+    eng.save(state_of(2), "ckpt").wait()  # its leftover scan runs before its first file
+    assert all(os.path.exists(p) for p in mine)
+    assert cli.main(["clean", *dirs, "--name", "ckpt"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "0 leftover file(s) of interrupted saves removed"
+    ]
+    assert all(os.path.exists(p) for p in mine)
+    assert first_difference(eng.load("ckpt"), state_of(2)) is None
+
+    live_pid.stop()  # the writer is gone: what it left is now a leftover
+    assert sorted(generations.leftovers(dirs, "ckpt")) == mine
+    assert cli.main(["clean", *dirs, "--name", "ckpt"]) == 0
+    assert not any(os.path.exists(p) for p in mine)
+    assert first_difference(eng.load("ckpt"), state_of(2)) is None
+
+
+def test_a_marker_of_another_host_is_left_alone(make_engine, targets, capsys):
+    """Whether a writer on another host still runs cannot be told from here: its files stay,
+    even when the pid it names is free on this host."""
+    dirs = targets(2)
+    other = {"pid": 2**30, "host": f"not-{socket.gethostname()}"}
+    mine = lay_out_save(dirs, "ckpt", IN_FLIGHT, other)
+    assert generations.leftovers(dirs, "ckpt") == []
+    assert cli.main(["clean", *dirs]) == 0
+    assert all(os.path.exists(p) for p in mine)
+    eng = make_engine("cpu-double", dirs, chunk_bytes="8KiB")
+    eng.save(state_of(3), "ckpt").wait()
+    assert all(os.path.exists(p) for p in mine)
+    # The same marker naming this host: its pid is gone, so its files are leftovers.
+    for p in mine:
+        if os.path.basename(p).startswith(".saving-"):
+            Path(p).write_text(json.dumps({**other, "host": socket.gethostname()}))
+    assert sorted(generations.leftovers(dirs, "ckpt")) == mine
+
+
+@pytest.mark.parametrize("engine", STRIPED_ENGINES)
+def test_a_save_in_flight_survives_another_engines_save_of_the_name(
+    make_engine, targets, monkeypatch, engine
+):
+    """Engine A's save is held inside its first write; engine B saves the same name over the
+    same targets meanwhile. B's leftover scan must leave A's files alone: A's save then commits
+    and loads whole. (Saying its writer is dead, B deletes A's data file under it.)"""
+    dirs = targets(2)
+    a = make_engine(engine, dirs, chunk_bytes="8KiB")
+    b = make_engine(engine, dirs, chunk_bytes="8KiB")
+    a.save(state_of(1), "ckpt").wait()
+    held, release = threading.Event(), threading.Event()
+    holder: list[int] = []
+    real = layout.write_piece
+
+    def hold(fd: int, piece: layout.Piece, o_direct: bool) -> None:
+        if not holder:
+            holder.append(threading.get_ident())
+        if holder[0] == threading.get_ident() and not release.is_set():
+            held.set()
+            assert release.wait(HANG_S), "never released"
+        real(fd, piece, o_direct)
+
+    monkeypatch.setattr(layout, "write_piece", hold)
+    result: list[Any] = []
+    # gds writes inside save(): run A in a thread of its own either way.
+    t = threading.Thread(target=lambda: result.append(a.save(state_of(2), "ckpt").wait()))
+    t.start()
+    assert held.wait(HANG_S), "A's save never wrote"
+    try:
+        a_files = [
+            p for p in generations.generation_files(dirs, "ckpt", _marker_id(dirs)) if "data-" in p
+        ]
+        assert a_files
+        monkeypatch.setattr(layout, "write_piece", real)
+        b.save(state_of(3), "ckpt").wait()
+        assert all(os.path.exists(p) for p in a_files), "B removed A's save in flight"
+    finally:
+        release.set()
+        t.join(HANG_S)
+    assert not t.is_alive() and result
+    assert manifest.committed(dirs, "ckpt").save_id == result[0].save_id
+    assert first_difference(a.load("ckpt"), state_of(2)) is None
+    assert generations.leftovers(dirs, "ckpt") == []
+
+
+def _marker_id(dirs: list[str]) -> str:
+    """The SAVEID of the one save marked running in dirs[0]/ckpt."""
+    (marker,) = [f for f in os.listdir(Path(dirs[0]) / "ckpt") if f.startswith(".saving-")]
+    return marker.removeprefix(".saving-")
+
+
+# -- saving over a damaged manifest -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", STRIPED_ENGINES)
+def test_a_save_over_a_damaged_manifest_removes_the_old_generation(make_engine, targets, engine):
+    """The damaged manifest names the old generation no more, but its data files are still the
+    old generation's: once the new save is committed, they go with it, as they would have with a
+    readable manifest. Before, they stayed on the disk for good."""
+    dirs = targets(3)
+    eng = make_engine(engine, dirs, chunk_bytes="8KiB")
+    old = eng.save(state_of(1), "ckpt").wait()
+    old_files = generations.generation_files(dirs, "ckpt", old.save_id)
+    assert len(old_files) == 3
+    path = Path(manifest.manifest_path(dirs, "ckpt"))
+    path.write_text(path.read_text()[:-10])
+    with pytest.raises(UserError, match="manifest is damaged"):
+        eng.load("ckpt")
+    assert generations.leftovers(dirs, "ckpt") == []  # kept for recovery until replaced
+    new = eng.save(state_of(2), "ckpt").wait()
+    assert first_difference(eng.load("ckpt"), state_of(2)) is None
+    assert not any(os.path.exists(p) for p in old_files), "the old generation stayed"
+    for t, d in enumerate(dirs):
+        want = {f"data-{t}.{new.save_id}.bin", generations.TARGETS_RECORD}
+        assert set(os.listdir(Path(d) / "ckpt")) == want | ({"manifest.json"} if t == 0 else set())
+
+
+@pytest.mark.parametrize("engine", ["cpu-double"])
+def test_a_save_over_a_damaged_manifest_spares_a_save_in_flight(
+    make_engine, targets, live_pid, engine
+):
+    """Removing what the damaged manifest left must not take a live writer's files with it."""
+    dirs = targets(2)
+    eng = make_engine(engine, dirs, chunk_bytes="8KiB")
+    eng.save(state_of(1), "ckpt").wait()
+    path = Path(manifest.manifest_path(dirs, "ckpt"))
+    path.write_text("")
+    theirs = lay_out_save(
+        dirs, "ckpt", IN_FLIGHT, {"pid": live_pid.pid, "host": socket.gethostname()}
+    )
+    eng.save(state_of(2), "ckpt").wait()
+    assert all(os.path.exists(p) for p in theirs)
+    assert first_difference(eng.load("ckpt"), state_of(2)) is None
+
+
+# -- the manifest's format ----------------------------------------------------------------------
+
+
+def with_checksum(body: dict[str, Any]) -> str:
+    """A manifest text of `body` ending in its own checksum, as bench.manifest writes it."""
+    text = json.dumps(body, separators=(",", ":"))
+    return f'{text[:-1]},"manifest_xxh3":"{checksum(text.encode())}"}}\n'
+
+
+def test_a_manifest_of_another_format_is_refused_by_name(make_engine, targets):
+    dirs = targets(2)
+    eng = make_engine("cpu-double", dirs, chunk_bytes="8KiB")
+    eng.save(state_of(1), "ckpt").wait()
+    path = Path(manifest.manifest_path(dirs, "ckpt"))
+    body = json.loads(path.read_text())
+    del body["manifest_xxh3"]
+    assert body["format"] == "ckptbench-1"
+    for fmt in ("ckptbench-2", None):
+        path.write_text(with_checksum({**body, "format": fmt}))
+        with pytest.raises(UserError) as e:
+            eng.load("ckpt")
+        assert str(e.value) == f"{path}: not a ckptbench-1 manifest (format {fmt!r})"
+    path.write_text(with_checksum(body))  # the same text with its own format loads again
+    assert first_difference(eng.load("ckpt"), state_of(1)) is None
