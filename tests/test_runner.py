@@ -24,7 +24,7 @@ import torch
 from conftest import QUICK_CEILINGS, scratch_base
 
 from analysis import model, runs
-from bench import cli, config, devices, measure, odirect, plan, results
+from bench import cli, config, devices, generations, measure, odirect, plan, results
 from bench.engines import REGISTRY
 from bench.errors import UserError
 from bench.sweep import Sweep
@@ -381,6 +381,47 @@ def test_engine_error_is_recorded_and_the_sweep_goes_on(
     assert all(x["verified"] == "True" for x in rows if x["engine"] == "torch-save")
     assert r.failures == 2
     assert os.listdir(small["targets"][0]) == []
+
+
+def test_a_delete_that_fails_is_logged_and_the_sweep_goes_on(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`delete()` can raise UserError (here the claim check, over a `.targets` record damaged
+    behind the engine's back): the sweep logs it and goes on, every row recorded. It used to
+    escape the case loop and end the sweep."""
+    cls = REGISTRY["cpu-single"]
+    real = cls.delete
+
+    def delete(self: Any, name: str) -> None:
+        (Path(self.targets[0]) / name / generations.TARGETS_RECORD).write_text("{not json")
+        real(self, name)
+
+    monkeypatch.setattr(cls, "delete", delete)
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
+    warned: list[str] = []
+    r.core.warn = warned.append  # type: ignore[method-assign]
+    _, rows = read_csv(r.run())
+    assert [(x["engine"], x["verified"]) for x in rows] == [
+        ("cpu-single", "True"),
+        ("torch-save", "True"),
+        ("cpu-single", "True"),
+        ("torch-save", "True"),
+    ]
+    assert r.failures == 0
+    t = small["targets"][0]
+    names = sorted(os.listdir(t))  # the two cpu-single checkpoints stayed, said so
+    assert len(names) == 2
+    assert [w for w in warned if w.startswith("could not delete")] == [
+        f"could not delete checkpoint {n}: checkpoint {n!r}: cannot read "
+        f"{Path(t) / n / generations.TARGETS_RECORD} (Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1)); remove it by hand"
+        for n in names
+    ]
 
 
 def test_on_error_stop_keeps_the_rows_so_far(
