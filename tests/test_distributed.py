@@ -374,6 +374,64 @@ def test_resume_with_another_world_size_is_refused(two_ranks: dict[str, Any]) ->
     )
 
 
+def test_resume_of_a_multi_rank_run_redoes_the_repetitions_without_an_aggregate(
+    two_ranks: dict[str, Any],
+) -> None:
+    """A multi-rank run cut short: its last repetition lost whole, and the one before it
+    written by rank 0 for both ranks but cut before its aggregate row. `--resume` with the same
+    world size runs exactly those two again (a repetition counts as done by its aggregate row,
+    not by per-rank rows) and leaves the others as they were."""
+    assert two_ranks["proc"].returncode == 0
+    root = _scratch("resume")
+    try:
+        run_dir = root / "run"
+        shutil.copytree(two_ranks["run_dir"], run_dir)
+        df = _rows(run_dir)
+        keys = ["case_id", "warmup", "rep"]
+        reps = df[keys].drop_duplicates()
+        last, cut = tuple(reps.iloc[-1]), tuple(reps.iloc[-2])
+        is_last = (df[keys] == pd.Series(last, index=keys)).all(axis=1)
+        is_cut_agg = (df[keys] == pd.Series(cut, index=keys)).all(axis=1) & df["aggregate"]
+        kept = df[~is_last & ~is_cut_agg]
+        with open(run_dir / "results.csv") as f:
+            lines = f.read().splitlines()
+        (run_dir / "results.csv").write_text(
+            "\n".join([lines[0]] + [lines[i + 1] for i in kept.index]) + "\n"
+        )
+        envb = json.loads((run_dir / "env.json").read_text())
+        envb["sweep"]["finished"] = False
+        (run_dir / "env.json").write_text(json.dumps(envb))
+        cfg = str(two_ranks["root"] / "config.json")
+        p = _run(
+            [
+                sys.executable,
+                "-m",
+                "bench",
+                "run",
+                cfg,
+                "--nproc",
+                "2",
+                "-q",
+                "--resume",
+                str(run_dir),
+            ]
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        after = _rows(run_dir)
+        assert after.iloc[: len(kept)][["case_id", "rank", "rep", "total_bytes"]].equals(
+            kept[["case_id", "rank", "rep", "total_bytes"]].reset_index(drop=True)
+        )
+        redone = after.iloc[len(kept) :]
+        assert sorted(set(map(tuple, redone[keys].to_numpy()))) == sorted({last, cut})
+        assert redone["aggregate"].sum() == 2 and redone["verified"].all()
+        # every repetition of the run has exactly one aggregate row now
+        agg = after[after["aggregate"]]
+        assert len(agg) == len(reps) and not agg[keys].duplicated().any()
+        assert json.loads((run_dir / "env.json").read_text())["sweep"]["finished"] is True
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_four_ranks_plain_torchrun_shared_and_subfolders() -> None:
     root = _scratch("four")
     try:
