@@ -628,6 +628,74 @@ def test_dcp_round_trip_tensor_values(make_engine, targets):
     assert seen == len(list(iter_tensors(state))) > 20
 
 
+def assert_same_tensors_dcp(loaded: Any, state: Any) -> None:
+    """Every tensor of `state` in `loaded`, bit for bit, under its key path (dcp loads integer
+    dict keys as strings; list indices stay indices)."""
+    seen = 0
+    for path, want in iter_tensors(state):
+        got: Any = loaded
+        for k in path:
+            got = got[k] if isinstance(got, list | tuple) or k in got else got[str(k)]
+        assert_same_tensor(got, want, f"state{list(path)}")
+        seen += 1
+    assert seen == len(list(iter_tensors(state))) > 20
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"staging": "plain"},
+        {"checkpointer": "process"},
+        {"staging": "plain", "checkpointer": "process"},
+    ],
+    ids=["plain", "process", "plain-process"],
+)
+def test_dcp_options_round_trip(make_engine, targets, options):
+    """async_save's own staging (`plain`: nothing kept, nothing pinned) and its process
+    checkpointer (a process group of this one process, so that loading goes through
+    `_load_alone`, DCP's private load without collectives): each round-trips bit for bit, and
+    the training may change the tensors as soon as save() returns."""
+    from bench.engines import dcp as dcp_mod
+
+    state = baseline_state()
+    want = clone_tree(state)
+    dirs = targets(1)
+    eng = make_engine("dcp", dirs, **options)
+    eng.warm(state)
+    alone: list[str] = []
+    real = dcp_mod._load_alone
+
+    def spy(d: str) -> Any:
+        alone.append(d)
+        return real(d)
+
+    dcp_mod._load_alone = spy
+    try:
+        pending = eng.save(state, "ckpt")
+        for _, t in iter_tensors(state):
+            t.zero_()
+        result = pending.wait()
+        check_baseline_result(result, want, "ckpt")
+        assert result.extra == {
+            "staging": options.get("staging", "cached"),
+            "checkpointer": options.get("checkpointer", "thread"),
+        }
+        # plain staging keeps no copy of the state; cached keeps one of every tensor byte
+        assert eng.pinned_bytes == (0 if options.get("staging") == "plain" else payload(want))
+        check_baseline_files(dirs, "ckpt", result)
+        assert_same_tensors_dcp(eng.load("ckpt"), want)
+    finally:
+        dcp_mod._load_alone = real
+    process = options.get("checkpointer") == "process"
+    assert alone == ([eng.current_dir("ckpt")] if process else [])
+    if process:  # DCP's checkpoint process (kept by DCP for later saves) wrote the files
+        import psutil
+
+        kids = [" ".join(c.cmdline()) for c in psutil.Process().children(recursive=True)]
+        assert any("spawn_main" in k for k in kids), kids
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
 @pytest.mark.parametrize("engine", ["torch-save", "dcp"])
 def test_baseline_save_replaces_by_switching_the_pointer(make_engine, targets, engine):
