@@ -170,20 +170,21 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
             assert r["gds_mode"] == "none", where
         elif EMULATED:
             assert r["gds_mode"] == "emulated", where
-        else:
-            assert r["gds_mode"] in ("gds", "compat"), where
+        else:  # gds exactly when no file gave a reason for compat mode
+            reasons = json.loads(r["io_detail"] or "{}").get("compat_reasons") or []
+            assert r["gds_mode"] == ("compat" if reasons else "gds"), where
         tensor = 1 * MiB if r["workload"] == "synthetic-8MiB-1MiB" else 8 * MiB
         assert int(r["total_bytes"]) == 8 * MiB
         assert int(r["tensor_bytes"]) == tensor
         assert int(r["n_tensors"]) == 8 * MiB // tensor
         assert r["dtype"] == "float32"
-        stall, persist, total = float(r["stall_s"]), float(r["persist_s"]), float(r["total_s"])
-        assert 0 < stall <= total, where
-        assert persist == pytest.approx(total - stall, abs=1e-6), where
-        assert float(r["restore_s"]) > 0
-        assert float(r["wait_prev_s"]) >= 0
+        assert float(r["stall_s"]) > 0 and float(r["restore_s"]) > 0, where
+        # Every case waits until its save is durable before the next save: none ever waits
+        # for a previous one.
+        assert float(r["wait_prev_s"]) == 0.0, where
         assert int(r["rss_peak_bytes"]) > 8 * MiB
-        assert float(r["cpu_user_s"]) >= 0 and float(r["cpu_sys_s"]) >= 0
+        # A save of 8 MiB (copied or written, hashed) costs this process some CPU time.
+        assert float(r["cpu_user_s"]) + float(r["cpu_sys_s"]) > 0, where
         assert r["cache_dropped"] == str(tiny["runner"].cache_dropped)
         if e in STRIPED:
             chunks = -(-8 * MiB // CHUNK[e])
@@ -204,7 +205,8 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
         else:
             assert int(r["pinned_bytes"]) == 0, where
         if e in ("gds", "torch-save"):  # synchronous: durable when save() returns
-            assert float(r["persist_s"]) < 1e-3, where
+            assert float(r["persist_s"]) == 0.0, where
+            assert float(r["total_s"]) == float(r["stall_s"]), where
 
 
 def test_tiny_run_staging_grows_only_outside_the_timed_saves(tiny: dict[str, Any]) -> None:
