@@ -29,8 +29,10 @@ def device_checksum(mem: torch.Tensor) -> str:
     reduction, so CPU and GPU give the same digest.
     """
     nbytes = mem.numel()
-    if mem.data_ptr() % 4:
-        mem = mem.clone()  # a 32-bit view needs 4-byte alignment
+    if mem.data_ptr() % 4 or mem.storage_offset() % 4:
+        # A 32-bit view needs 4-byte alignment, of the address and of the offset in its
+        # storage (an empty slice at an odd offset has an aligned address, or none at all).
+        mem = mem.clone()
     full = nbytes // 4 * 4
     if nbytes > full:
         tail = torch.zeros(4, dtype=torch.uint8, device=mem.device)
