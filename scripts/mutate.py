@@ -169,19 +169,31 @@ def client(sock_path: str, args: list[str]) -> int:
 # -- sessions -----------------------------------------------------------------------------------
 
 
-def _copy(dest: Path) -> None:
-    """The repository's code and tests, without bytecode (a copy per worker)."""
+def _copy(dest: Path, tests_at: str | None) -> None:
+    """The repository's code and tests, without bytecode (a copy per worker); the tests as
+    they were at git revision `tests_at` if given (to score an older suite on today's code)."""
     if dest.exists():
         shutil.rmtree(dest)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "scratch", "results", ".*")
     for part in ("bench", "analysis", "tests", "configs"):
         shutil.copytree(REPO / part, dest / part, ignore=ignore)
     shutil.copy(REPO / "pyproject.toml", dest / "pyproject.toml")
+    if tests_at:
+        shutil.rmtree(dest / "tests")
+        tar = subprocess.run(
+            ["git", "-C", str(REPO), "archive", tests_at, "tests"], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
 
 
 def _config(name: str, module: str, sock: str, path: Path) -> None:
     client_cmd = f"{sys.executable} {REPO / 'scripts' / 'mutate.py'} pytest --socket {sock} --"
-    runs = " ;; ".join(f"{_PYTEST} {t.strip()}" for t in TESTS[name][1].split(";"))
+    # A test file the copy does not have (an older suite) is left out.
+    runs = " ;; ".join(
+        f"{_PYTEST} {t.strip()}"
+        for t in TESTS[name][1].split(";")
+        if (path.parent / t.split()[0]).exists()
+    )
     path.write_text(
         "[cosmic-ray]\n"
         f'module-path = "{module}"\n'
@@ -299,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", choices=sorted(TESTS), help="these modules only")
     p.add_argument("--workers", type=int, default=WORKERS)
     p.add_argument("--report", action="store_true", help="report the sessions under .mutate/")
+    p.add_argument("--tests-at", help="score the tests of this git revision (today's code)")
     a = p.parse_args(argv)
     if a.cmd == "serve":
         serve(a.socket, a.root)
@@ -314,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     slots, servers = [], []
     for i in range(min(a.workers, len(names))):
         slot = WORK / f"w{i}"
-        _copy(slot)
+        _copy(slot, a.tests_at)
         sock = str(WORK / f"w{i}.sock")
         if os.path.exists(sock):
             os.unlink(sock)
