@@ -27,18 +27,26 @@ import numpy as np
 import pytest
 import torch
 from conftest import scratch_base
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from bench import checksums, layout, manifest, odirect, tree
 from bench.errors import ChecksumError, UserError
 
-# Generated inputs vary from run to run only through hypothesis' own search; the deadline is
-# off: a busy machine must not fail an example for being slow.
+# The deadline is off: a busy machine must not fail an example for being slow. `make mutate`
+# runs these tests once per mutant and only asks whether one fails: its profile (chosen by
+# CKPTBENCH_HYPOTHESIS) generates fewer examples and does not shrink a failing one.
 settings.register_profile(
     "ckptbench", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60
 )
-settings.load_profile("ckptbench")
+settings.register_profile(
+    "mutate",
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    max_examples=30,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+settings.load_profile(os.environ.get("CKPTBENCH_HYPOTHESIS", "ckptbench"))
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int8, torch.int64, torch.bool]
 
@@ -144,6 +152,14 @@ def test_tree_paths_name_where_each_tensor_is() -> None:
     state = {"a": [t1, {(1, "x"): t2}], 5: (None, t3)}
     _, found = tree.flatten(state)
     assert [p for p, _ in found] == ["['a'][0]", "['a'][1][(1, 'x')]", "[5][1]"]
+
+
+def test_tree_refuses_tensors_that_are_not_strided() -> None:
+    """Sparse COO (is_sparse) and CSR (not is_sparse, another layout) tensors alike."""
+    for t in (torch.eye(3).to_sparse(), torch.eye(3).to_sparse_csr()):
+        with pytest.raises(UserError) as e:
+            tree.flatten({"x": [t]})
+        assert str(e.value) == "state['x'][0]: only dense (strided) tensors can be stored"
 
 
 @pytest.mark.parametrize(
