@@ -79,6 +79,7 @@ TESTS: dict[str, tuple[str, str]] = {
         " or marker or overlapping or garbled or enospc'; tests/test_registry.py -k contract",
     ),
 }
+EQUIVALENT = "equivalent (scripts/mutate_equivalent.txt)"
 STRIPED_FUNCTIONS = {"_commit", "_abort", "_prepare", "delete"}
 # Binary operators are mutated into +, - and * only (see the module docstring).
 DROPPED_OPERATORS = re.compile(
@@ -243,10 +244,18 @@ def _skip(db: Path, module: str, root: Path) -> None:
         or (keep is not None and not any(a <= row <= b for a, b in keep))
         or in_annotation(row, col)
     ]
+    # Survivors already judged equivalent are not run again (they are reported as such).
+    known = _equivalent()
+    equivalent = [(job,) for job, op, row, _ in specs if (module, row, op) in known]
     con.executemany(
         "insert or replace into work_results (job_id, worker_outcome, output, test_outcome, diff)"
         " values (?, 'SKIPPED', 'outside the mutated set', NULL, NULL)",
         skipped,
+    )
+    con.executemany(
+        "insert or replace into work_results (job_id, worker_outcome, output, test_outcome, diff)"
+        f" values (?, 'SKIPPED', '{EQUIVALENT}', NULL, NULL)",
+        [j for j in equivalent if j not in set(skipped)],
     )
     con.commit()
     con.close()
@@ -280,12 +289,15 @@ def _run_session(name: str, slot: Path, sock: str) -> Path:
 
 
 def _results(db: Path) -> list[tuple[str, str, int, str, str]]:
-    """(outcome, module, line, operator, diff) of every mutant that ran."""
+    """(outcome, module, line, operator, diff) of every mutant that ran, and of those skipped
+    as known equivalents (outcome EQUIVALENT)."""
     con = sqlite3.connect(db)
     rows = con.execute(
-        "select r.test_outcome, s.module_path, s.start_pos_row, s.operator_name, r.diff"
+        "select case when r.output = ? then 'EQUIVALENT' else r.test_outcome end,"
+        " s.module_path, s.start_pos_row, s.operator_name, r.diff"
         " from work_results r join mutation_specs s on r.job_id = s.job_id"
-        " where r.worker_outcome = 'NORMAL'"
+        " where r.worker_outcome = 'NORMAL' or r.output = ?",
+        (EQUIVALENT, EQUIVALENT),
     ).fetchall()
     con.close()
     return rows
@@ -377,30 +389,43 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(dbs: list[Path], t0: float) -> int:
-    """The score, per module and in all, and every survivor: equivalent (with why) or not."""
+    """The score, per module and in all, and every survivor: equivalent (with why) or not.
+    The score counts a survivor judged equivalent as a survivor; the second score leaves
+    them out (an equivalent mutant is the same program)."""
     rows = [r for db in dbs for r in _results(db)]
     known = _equivalent()
+    # A survivor judged equivalent since this session ran counts as one too.
+    rows = [
+        ("EQUIVALENT", *r[1:]) if r[0] == "SURVIVED" and (r[1], r[2], r[3]) in known else r
+        for r in rows
+    ]
     killed = sum(r[0] == "KILLED" for r in rows)
+    equivalent = sum(r[0] == "EQUIVALENT" for r in rows)
     survived = [r for r in rows if r[0] == "SURVIVED"]
-    print(f"\nmutate: {len(rows)} mutants run, {killed} killed, {len(survived)} survived")
+    print(
+        f"\nmutate: {len(rows)} mutants, {killed} killed, {equivalent} survivors judged "
+        f"equivalent, {len(survived)} other survivors"
+    )
     by_module: dict[str, list[int]] = {}
     for r in rows:
-        k = by_module.setdefault(r[1], [0, 0])
+        k = by_module.setdefault(r[1], [0, 0, 0])
         k[0] += r[0] == "KILLED"
-        k[1] += 1
-    for mod, (k, n) in sorted(by_module.items()):
-        print(f"  {mod}: {k}/{n} killed")
-    unexplained = []
+        k[1] += r[0] == "EQUIVALENT"
+        k[2] += 1
+    for mod, (k, e, n) in sorted(by_module.items()):
+        print(f"  {mod}: {k}/{n} killed, {e} equivalent")
     for _, mod, line, op, diff in sorted(survived, key=lambda r: (r[1], r[2], r[3])):
-        why = known.get((mod, line, op))
-        print(f"  survived {mod}:{line} {op}: {why or 'NOT EXPLAINED'}")
-        if why is None:
-            unexplained.append(diff)
-            print("    " + "\n    ".join((diff or "").splitlines()[2:]))
-    score = killed / (killed + len(survived)) if rows else 0.0
+        print(f"  survived {mod}:{line} {op}: NOT EXPLAINED")
+        print("    " + "\n    ".join((diff or "").splitlines()[2:]))
+    n = len(rows)
+    score = killed / n if n else 0.0
+    real = killed / (n - equivalent) if n - equivalent else 0.0
     took = f" in {time.monotonic() - t0:.0f} s" if t0 else ""
-    print(f"mutate: score {score:.1%} ({killed}/{killed + len(survived)}){took}")
-    return 1 if unexplained else 0
+    print(
+        f"mutate: score {score:.1%} ({killed}/{n}), {real:.1%} of the mutants that are not "
+        f"equivalent ({killed}/{n - equivalent}){took}"
+    )
+    return 1 if survived else 0
 
 
 if __name__ == "__main__":

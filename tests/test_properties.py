@@ -485,6 +485,16 @@ def test_wsum64_across_pieces_and_wrapping(monkeypatch: pytest.MonkeyPatch) -> N
     assert checksums.device_checksum(mem) == wsum64_by_definition(data)
 
 
+def test_wsum64_of_sums_past_two_to_the_63() -> None:
+    """70000 words of all ones: S2 passes 2^63, so the int64 sums wrap negative and only the
+    mask brings the digest back to the definition's (modulo 2^64, 16 hex digits each)."""
+    data = b"\xff" * 4 * 70000
+    mem = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    want = wsum64_by_definition(data)
+    assert sum(range(70001)) * (2**32 - 1) >= 2**63  # the case this test is for
+    assert checksums.device_checksum(mem) == want
+
+
 @given(st.binary(min_size=1, max_size=200), st.data())
 def test_entry_matches_only_its_own_bytes(data: bytes, draw: Any) -> None:
     arr = np.frombuffer(data, dtype=np.uint8)
