@@ -225,8 +225,9 @@ def test_packed_layout_puts_every_byte_where_its_extents_say(
     staging = np.frombuffer(rnd.randbytes(max(used, 1)), dtype=np.uint8).copy()
     pieces, file_bytes = layout.packed(staging, used, entries, offsets, n, chunk)
     # Chunks dealt round-robin: chunk j to target j % n, at (j // n) x chunk in its file.
-    assert [(p.target, p.file_offset, p.start) for p in pieces] == [
-        (j % n, j // n * chunk, j * chunk) for j in range(-(-used // chunk))
+    assert [(p.target, p.file_offset, p.start, p.length) for p in pieces] == [
+        (j % n, j // n * chunk, j * chunk, min(chunk, used - j * chunk))
+        for j in range(-(-used // chunk))
     ]
     files = write_in_memory(pieces, file_bytes)
     for e, off in zip(entries, offsets, strict=True):
@@ -256,6 +257,8 @@ def test_direct_layout_keeps_each_piece_congruent_and_round_trips(
         buf.array[:] = rng.integers(0, 256, buf.array.size, dtype=np.uint8)
         entries = entries_of(nbytes)
         pieces, file_bytes = layout.direct(mems, entries, n, chunk)
+        # dealt round-robin, the first piece to the first target
+        assert [p.target for p in pieces] == [k % n for k in range(len(pieces))]
         for p in pieces:
             assert p.file_offset % odirect.ALIGN == p.address % odirect.ALIGN
             assert p.address // chunk == (p.address + p.length - 1) // chunk
@@ -361,9 +364,76 @@ def test_pieces_written_to_files_read_back(
                 f.write(bytes([byte ^ 0x40]))
             with pytest.raises(ChecksumError, match=rf"tensor state\[{k}\] does not match"):
                 layout.read_tensors(targets, m)
+            # without the check, the bytes as they are on the disk
+            got = layout.read_tensors(targets, m, check=False)
+            assert bytes(got[k].numpy())[1:] == bytes(mems[k])[1:]
+            assert got[k].numpy()[0] == mems[k][0] ^ 0x40
+        assert not [f for f in _open_files() if "/ckpt/data-" in f]  # every file closed
     finally:
         del mems
         buf.close()
+
+
+def _open_files() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_o_direct_pieces_bounce_only_their_unaligned_head_and_tail(
+    disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A piece 1000 bytes past a 4 KiB boundary, 3 blocks and 500 bytes long, written with
+    O_DIRECT: its head (up to the next boundary) and its tail go through the bounce buffer,
+    less than a block each, the middle straight from memory; the file reads back whole. A data
+    file longer than the manifest says (an appended byte) still loads; a shorter one not."""
+    buf = odirect.HostBuffer(5 * 4096)
+    buf.array[:] = np.random.default_rng(5).integers(0, 256, buf.array.size, dtype=np.uint8)
+    bounced: list[int] = []
+    real = layout._bounce
+
+    def bounce(fd: int, data: memoryview, block_offset: int, at: int) -> None:
+        bounced.append(len(data))
+        real(fd, data, block_offset, at)
+
+    monkeypatch.setattr(layout, "_bounce", bounce)
+    length = 3 * 4096 + 500
+    piece = layout.Piece(0, 1000, buf.array, 1000, length)
+    path = disk / "bounce.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    try:
+        layout.write_piece(fd, piece, True)
+    finally:
+        os.close(fd)
+    assert bounced == [4096 - 1000, (length - (4096 - 1000)) % 4096]
+    with open(path, "rb") as f:
+        f.seek(1000)
+        assert f.read(length) == bytes(buf.array[1000 : 1000 + length])
+    buf.close()
+
+
+def test_a_data_file_longer_than_recorded_loads(disk: Path) -> None:
+    d = disk / "long"
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "ckpt").mkdir(parents=True)
+    data = bytes(range(256)) * 10
+    path = d / "ckpt" / manifest.data_file_name(0, "1" * 16)
+    path.write_bytes(data)
+    e = manifest.TensorEntry("[0]", "uint8", [len(data)], len(data), [[0, 0, len(data)]])
+    e.xxh3 = checksums.checksum(data)
+    m = manifest.Manifest(
+        "ckpt", "t", [str(d)], {0: {"file": path.name, "bytes": len(data)}}, [e], None, True, 2560
+    )
+    with open(path, "ab") as f:
+        f.write(b"x")
+    assert bytes(layout.read_tensors([str(d)], m)[0].numpy()) == data
+    os.truncate(path, len(data) - 1)
+    with pytest.raises(UserError, match=f"is truncated \\({len(data) - 1} of {len(data)} bytes\\)"):
+        layout.read_tensors([str(d)], m)
 
 
 # -- bench.manifest -------------------------------------------------------------------------------
@@ -456,6 +526,33 @@ def test_manifest_commit_is_atomic_and_leaves_no_temp(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "ckpt") == []
     manifest.uncommit([str(tmp_path)], "ckpt")
     assert manifest.committed([str(tmp_path)], "ckpt") is None
+
+
+def test_commit_writes_its_temp_under_the_save_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temp manifest is named by its save's id, so that the leftover scan knows whose it
+    is (a live save's temp is left alone, a dead one's removed)."""
+    (tmp_path / "ckpt").mkdir()
+    m = manifest.Manifest("ckpt", "e", [str(tmp_path)], {}, [], None, False, 0, save_id="cd" * 8)
+    renamed: list[tuple[str, str]] = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append((a, b)), real(a, b))[1])
+    manifest.commit([str(tmp_path)], m)
+    final = str(tmp_path / "ckpt" / "manifest.json")
+    assert renamed == [(f"{final}.tmp-{'cd' * 8}", final)]
+
+
+def test_save_ids_are_16_hex_digits_and_new_each_time() -> None:
+    ids = [manifest.new_save_id() for _ in range(200)]
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 200
+
+
+def test_fsync_dir_takes_only_a_directory(tmp_path: Path) -> None:
+    manifest.fsync_dir(str(tmp_path))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        manifest.fsync_dir(str(tmp_path / "f"))
 
 
 # -- bench.checksums ------------------------------------------------------------------------------
