@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -59,6 +60,10 @@ def live_pid() -> Any:
         pid = proc.pid
 
         @staticmethod
+        def running() -> bool:
+            return proc.poll() is None
+
+        @staticmethod
         def stop() -> None:
             proc.stdin.close()  # type: ignore[union-attr]
             proc.wait(HANG_S)
@@ -93,6 +98,7 @@ def test_a_live_writers_files_are_no_leftovers_until_it_is_gone(
     assert all(os.path.exists(p) for p in mine)
     assert first_difference(eng.load("ckpt"), state_of(2)) is None
 
+    assert live_pid.running()  # asking whether it runs did not signal it
     live_pid.stop()  # the writer is gone: what it left is now a leftover
     assert sorted(generations.leftovers(dirs, "ckpt")) == mine
     assert cli.main(["clean", *dirs, "--name", "ckpt"]) == 0
@@ -104,6 +110,9 @@ def test_a_marker_of_another_host_is_left_alone(make_engine, targets, capsys):
     """Whether a writer on another host still runs cannot be told from here: its files stay,
     even when the pid it names is free on this host."""
     dirs = targets(2)
+    for host in ("", f"{socket.gethostname()}-b", f"~{socket.gethostname()}"):  # before, after
+        lay_out_save(dirs, "ckpt", IN_FLIGHT, {"pid": 2**30, "host": host})
+        assert generations.leftovers(dirs, "ckpt") == [], host
     other = {"pid": 2**30, "host": f"not-{socket.gethostname()}"}
     mine = lay_out_save(dirs, "ckpt", IN_FLIGHT, other)
     assert generations.leftovers(dirs, "ckpt") == []
@@ -239,3 +248,110 @@ def test_a_manifest_of_another_format_is_refused_by_name(make_engine, targets):
         assert str(e.value) == f"{path}: not a ckptbench-1 manifest (format {fmt!r})"
     path.write_text(with_checksum(body))  # the same text with its own format loads again
     assert first_difference(eng.load("ckpt"), state_of(1)) is None
+
+
+# -- the pieces of the lifecycle, one by one ----------------------------------------------------
+
+DEAD = {"pid": 2**30, "host": socket.gethostname()}
+
+
+@pytest.mark.parametrize(
+    ("filename", "save_id"),
+    [
+        ("data-0.0123abcd.bin", "0123abcd"),
+        ("data-12.x.bin", "x"),
+        (".saving-77aa", "77aa"),
+        ("manifest.json.tmp-99", "99"),
+        ("gen-abc", "abc"),
+        ("current.tmp-5", "5"),
+        ("data-0.a.b.bin", None),  # not one of ours: a name with another dot
+        ("data-0.bin", None),
+        ("data-0.a.txt", None),
+        ("notes.a.bin", None),
+        ("manifest.json", None),
+        ("current", None),
+        (".targets", None),
+    ],
+)
+def test_which_save_a_file_belongs_to(filename: str, save_id: str | None) -> None:
+    assert generations._save_id_of(filename) == save_id
+
+
+def test_claim_records_the_list_in_every_target_and_release_frees_a_bare_name(targets) -> None:
+    dirs = targets(3)
+    record = json.dumps({"targets": [os.path.realpath(d) for d in dirs]})
+    # one target already holds the record (an earlier claim): the others get theirs
+    (Path(dirs[0]) / "n").mkdir()
+    (Path(dirs[0]) / "n" / generations.TARGETS_RECORD).write_text(record)
+    generations.claim(dirs, "n")
+    assert [(Path(d) / "n" / ".targets").read_text() for d in dirs] == [record] * 3
+    assert [sorted(os.listdir(Path(d) / "n")) for d in dirs] == [[".targets"]] * 3
+    # a folder that holds more than the record keeps it; the bare ones are freed
+    (Path(dirs[1]) / "n" / "data-1.ab.bin").write_bytes(b"x")
+    shutil.rmtree(Path(dirs[2]) / "n")  # and a missing one is no error
+    generations.release(dirs, "n")
+    assert os.listdir(Path(dirs[0]) / "n") == []
+    assert sorted(os.listdir(Path(dirs[1]) / "n")) == [".targets", "data-1.ab.bin"]
+    generations.release(dirs, "n")
+    assert sorted(os.listdir(Path(dirs[1]) / "n")) == [".targets", "data-1.ab.bin"]
+
+
+def test_leftovers_look_in_every_target_past_missing_and_unreadable_ones(targets) -> None:
+    """A first target without the name's folder, a second whose claim cannot be read (left
+    alone), a third with a dead save's files: those are listed; `keep` spares a save."""
+    dirs = targets(3)
+    (Path(dirs[1]) / "n").mkdir()
+    (Path(dirs[1]) / "n" / ".targets").write_text("{not json")
+    (Path(dirs[1]) / "n" / ".saving-dead1").write_text(json.dumps(DEAD))
+    mine = lay_out_save(dirs[2:], "n", "dead2", DEAD)
+    assert sorted(generations.leftovers(dirs, "n")) == mine
+    assert generations.leftovers(dirs, "n", keep="dead2") == []
+    assert generations.status(dirs, "n") == "incomplete"
+
+
+def test_a_folder_of_another_list_keeps_its_data_but_not_our_dead_saves(targets) -> None:
+    """X claimed `n` over [c, b]; over [a, b], b's data and manifest files are X's, whatever the
+    lists' order; a dead save's marker and a baseline's dead generation there are ours."""
+    a, b, c = targets(3)
+    x = [c, b]
+    generations.claim(x, "n")
+    (Path(b) / "n" / "data-1.xsave.bin").write_bytes(b"X's stripe")
+    (Path(b) / "n" / "manifest.json.tmp-xsave").write_text("")
+    (Path(b) / "n" / ".saving-dead").write_text(json.dumps(DEAD))
+    (Path(b) / "n" / "gen-dead").mkdir()
+    for y in ([a, b], [b, a]):
+        assert sorted(generations.leftovers(y, "n")) == [
+            str(Path(b) / "n" / ".saving-dead"),
+            str(Path(b) / "n" / "gen-dead"),
+        ]
+
+
+def test_remove_files_syncs_each_directory_it_removed_from(targets, monkeypatch) -> None:
+    dirs = targets(2)
+    paths = []
+    for d in dirs:
+        (Path(d) / "n").mkdir()
+        for f in ("a", "b"):
+            (Path(d) / "n" / f).write_text("x")
+            paths.append(str(Path(d) / "n" / f))
+    (Path(dirs[0]) / "n" / "sub").mkdir()
+    (Path(dirs[0]) / "n" / "sub" / "c").write_text("x")
+    synced: list[str] = []
+    monkeypatch.setattr(generations, "fsync_dir", synced.append)
+    generations.remove_files(
+        [*paths, str(Path(dirs[0]) / "n" / "sub"), str(Path(dirs[1]) / "gone")]
+    )
+    assert [os.listdir(Path(d) / "n") for d in dirs] == [[], []]
+    assert sorted(synced) == sorted(str(Path(d) / "n") for d in dirs)
+
+
+def test_status_of_a_name(targets) -> None:
+    dirs = targets(2)
+    assert generations.status(dirs, "n") == "absent"
+    generations.claim(dirs, "n")
+    assert generations.status(dirs, "n") == "absent"  # a claim alone is no checkpoint
+    (Path(dirs[1]) / "n" / "stray").write_text("")  # not ours, but not nothing
+    assert generations.status(dirs, "n") == "incomplete"
+    os.unlink(Path(dirs[1]) / "n" / "stray")
+    lay_out_save(dirs[1:], "n", "dead", DEAD)
+    assert generations.status(dirs, "n") == "incomplete"
