@@ -355,3 +355,44 @@ def test_status_of_a_name(targets) -> None:
     os.unlink(Path(dirs[1]) / "n" / "stray")
     lay_out_save(dirs[1:], "n", "dead", DEAD)
     assert generations.status(dirs, "n") == "incomplete"
+
+
+@pytest.mark.parametrize("engine", STRIPED_ENGINES)
+def test_delete_removes_the_name_from_every_target(make_engine, targets, engine) -> None:
+    dirs = targets(3)
+    eng = make_engine(engine, dirs, chunk_bytes="8KiB")
+    eng.save(state_of(1), "ckpt").wait()
+    files = eng.cached_files("ckpt")
+    assert len(files) == 3
+    eng.delete("ckpt")
+    assert not any((Path(d) / "ckpt").exists() for d in dirs)
+    assert eng.status("ckpt") == "absent"
+    eng.delete("never-saved")  # nothing to remove is no error
+
+
+@pytest.mark.parametrize("engine", STRIPED_ENGINES)
+def test_the_commit_syncs_every_directory_before_the_manifest(
+    make_engine, targets, monkeypatch, engine
+) -> None:
+    """The new files' directory entries are durable before the manifest names them: each
+    target's checkpoint folder and the target itself are synced before the commit."""
+    dirs = targets(2)
+    eng = make_engine(engine, dirs, chunk_bytes="8KiB")
+    events: list[tuple[str, str]] = []
+    real_sync, real_commit = manifest.fsync_dir, manifest.commit
+    monkeypatch.setattr(
+        manifest, "fsync_dir", lambda p: (events.append(("sync", p)), real_sync(p))[1]
+    )
+    monkeypatch.setattr(
+        manifest, "commit", lambda t, m: (events.append(("commit", "")), real_commit(t, m))[1]
+    )
+    eng.save(state_of(1), "ckpt").wait()
+    before = {p for kind, p in events[: events.index(("commit", ""))] if kind == "sync"}
+    want = {str(Path(d) / "ckpt") for d in eng.targets} | set(eng.targets)
+    assert want <= before
+
+
+def test_generation_files_skip_a_target_without_the_name(targets) -> None:
+    dirs = targets(3)
+    mine = lay_out_save([dirs[1]], "n", "s1", DEAD)
+    assert sorted(generations.generation_files(dirs, "n", "s1")) == mine

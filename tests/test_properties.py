@@ -413,7 +413,49 @@ def test_o_direct_pieces_bounce_only_their_unaligned_head_and_tail(
     with open(path, "rb") as f:
         f.seek(1000)
         assert f.read(length) == bytes(buf.array[1000 : 1000 + length])
+    # A piece whose end is a block boundary has no tail: nothing is bounced after its middle,
+    # and the block behind it (another piece's) is left as it was.
+    bounced.clear()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    try:
+        layout.write_piece(fd, layout.Piece(0, 2 * 4096, buf.array, 2 * 4096, 4096), True)
+        layout.write_piece(fd, layout.Piece(0, 1000, buf.array, 1000, 2 * 4096 - 1000), True)
+    finally:
+        os.close(fd)
+    assert bounced == [4096 - 1000]
+    with open(path, "rb") as f:
+        f.seek(1000)
+        assert f.read(3 * 4096 - 1000) == bytes(buf.array[1000 : 3 * 4096])
+    # A piece placed at an offset not congruent to its address is a bug of the layout.
+    fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    try:
+        with pytest.raises(AssertionError, match="not congruent"):
+            layout.write_piece(fd, layout.Piece(0, 1001, buf.array, 1000, 100), True)
+        with pytest.raises(AssertionError, match="not congruent"):
+            layout.write_piece(fd, layout.Piece(0, 999, buf.array, 1000, 100), True)
+    finally:
+        os.close(fd)
     buf.close()
+
+
+def test_one_byte_tensors_read_back(disk: Path) -> None:
+    """Six 1-byte tensors and an empty one, through a file and read_tensors."""
+    d = disk / "ones"
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "ckpt").mkdir(parents=True)
+    data = bytes([7, 200, 13, 255, 1, 99])
+    path = d / "ckpt" / manifest.data_file_name(0, "2" * 16)
+    path.write_bytes(data)
+    entries = [
+        manifest.TensorEntry(f"[{i}]", "uint8", [1], 1, [[0, i, 1]]) for i in range(len(data))
+    ]
+    entries.append(manifest.TensorEntry("[6]", "float32", [2, 0], 0, []))
+    m = manifest.Manifest(
+        "ckpt", "t", [str(d)], {0: {"file": path.name, "bytes": 6}}, entries, None, False, 6
+    )
+    got = layout.read_tensors([str(d)], m)
+    assert [int(t[0]) for t in got[:6]] == list(data)
+    assert got[6].dtype == torch.float32 and tuple(got[6].shape) == (2, 0)
 
 
 def test_a_data_file_longer_than_recorded_loads(disk: Path) -> None:
