@@ -16,9 +16,9 @@ Two things keep a run within minutes on 2 cores:
 The sessions run in WORKERS copies of the repository under .mutate/ (cosmic-ray writes each
 mutant into the file itself), each with its own server.
 
-The score is killed / (killed + survived). Survivors listed in scripts/mutate_equivalent.txt
-(module, line, operator, and why the mutant cannot change behaviour) are reported as
-equivalent; any other survivor makes the run exit 1.
+The score is killed / mutants run, and killed / (mutants run - equivalent ones). Survivors
+listed in scripts/mutate_equivalent.txt (module, line, operator, and why the mutant cannot
+change behaviour) are reported as equivalent; any other survivor makes the run exit 1.
 
     python scripts/mutate.py               # everything (make mutate)
     python scripts/mutate.py --only tree   # one module
@@ -79,7 +79,6 @@ TESTS: dict[str, tuple[str, str]] = {
         " or marker or overlapping or garbled or enospc'; tests/test_registry.py -k contract",
     ),
 }
-EQUIVALENT = "equivalent (scripts/mutate_equivalent.txt)"
 STRIPED_FUNCTIONS = {"_commit", "_abort", "_prepare", "delete"}
 # Binary operators are mutated into +, - and * only (see the module docstring).
 DROPPED_OPERATORS = re.compile(
@@ -244,18 +243,10 @@ def _skip(db: Path, module: str, root: Path) -> None:
         or (keep is not None and not any(a <= row <= b for a, b in keep))
         or in_annotation(row, col)
     ]
-    # Survivors already judged equivalent are not run again (they are reported as such).
-    known = _equivalent()
-    equivalent = [(job,) for job, op, row, _ in specs if (module, row, op) in known]
     con.executemany(
         "insert or replace into work_results (job_id, worker_outcome, output, test_outcome, diff)"
         " values (?, 'SKIPPED', 'outside the mutated set', NULL, NULL)",
         skipped,
-    )
-    con.executemany(
-        "insert or replace into work_results (job_id, worker_outcome, output, test_outcome, diff)"
-        f" values (?, 'SKIPPED', '{EQUIVALENT}', NULL, NULL)",
-        [j for j in equivalent if j not in set(skipped)],
     )
     con.commit()
     con.close()
@@ -289,15 +280,12 @@ def _run_session(name: str, slot: Path, sock: str) -> Path:
 
 
 def _results(db: Path) -> list[tuple[str, str, int, str, str]]:
-    """(outcome, module, line, operator, diff) of every mutant that ran, and of those skipped
-    as known equivalents (outcome EQUIVALENT)."""
+    """(outcome, module, line, operator, diff) of every mutant that ran."""
     con = sqlite3.connect(db)
     rows = con.execute(
-        "select case when r.output = ? then 'EQUIVALENT' else r.test_outcome end,"
-        " s.module_path, s.start_pos_row, s.operator_name, r.diff"
+        "select r.test_outcome, s.module_path, s.start_pos_row, s.operator_name, r.diff"
         " from work_results r join mutation_specs s on r.job_id = s.job_id"
-        " where r.worker_outcome = 'NORMAL' or r.output = ?",
-        (EQUIVALENT, EQUIVALENT),
+        " where r.worker_outcome = 'NORMAL'"
     ).fetchall()
     con.close()
     return rows
@@ -394,7 +382,8 @@ def report(dbs: list[Path], t0: float) -> int:
     them out (an equivalent mutant is the same program)."""
     rows = [r for db in dbs for r in _results(db)]
     known = _equivalent()
-    # A survivor judged equivalent since this session ran counts as one too.
+    # A survivor is equivalent when the file explains its module, line and operator (a mutant
+    # of the same key that changes behaviour would have been killed, not survived).
     rows = [
         ("EQUIVALENT", *r[1:]) if r[0] == "SURVIVED" and (r[1], r[2], r[3]) in known else r
         for r in rows
