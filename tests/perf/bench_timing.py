@@ -10,6 +10,8 @@ busy one. They use the fixtures of tests/conftest.py (scratch space, targets, en
 
 from __future__ import annotations
 
+import csv
+import os
 import statistics
 import threading
 import time
@@ -96,9 +98,6 @@ def test_cpu_single_bypasses_the_page_cache(scratch: Path, monkeypatch) -> None:
     r = Sweep(
         config.from_dict(raw), devices.detect("host-emulated"), str(scratch / "results"), quiet=True
     )
-    import csv
-    import os
-
     with open(os.path.join(r.run(), "results.csv"), newline="") as f:
         rows = list(csv.DictReader(f))
     assert r.failures == 0 and len(rows) == 6
