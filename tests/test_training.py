@@ -209,7 +209,8 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
         assert g["total_s"].to_numpy() == pytest.approx((g["stall_s"] + g["persist_s"]).to_numpy())
         assert g["verified"].iloc[:-1].isna().all()  # only the last one is restored
         assert bool(g["verified"].iloc[-1]) is True
-        assert (g["t_durable_s"] >= g["t_return_s"] - 1e-3).all()
+        if e in ("gds", "torch-save"):  # durable inside save(), before it returned
+            assert (g["t_durable_s"] <= g["t_return_s"]).all()
         # the step rows' stall_s is the save's
         s = steps[(steps["engine"] == e) & steps["checkpoint"]]
         assert s["stall_s"].to_numpy() == pytest.approx(g["stall_s"].to_numpy())
