@@ -59,12 +59,13 @@ TESTS: dict[str, tuple[str, str]] = {
     ),
     "layout": (
         "bench/layout.py",
-        "tests/test_properties.py -k 'layout or pieces_written';"
+        "tests/test_properties.py -k 'layout or pieces_written or bounce or longer or one_byte';"
         " tests/test_manifest_errors.py -k 'flipped or truncated or missing_data'",
     ),
     "manifest": (
         "bench/manifest.py",
-        "tests/test_properties.py -k manifest; tests/test_generations.py;"
+        "tests/test_properties.py -k 'manifest or commit or save_ids or fsync_dir';"
+        " tests/test_generations.py;"
         " tests/test_manifest_errors.py -k 'manifest or refused or first_target'",
     ),
     "generations": (

@@ -52,9 +52,15 @@ def lay_out_save(dirs: list[str], name: str, save_id: str, marker: dict[str, Any
 @pytest.fixture
 def live_pid() -> Any:
     """The pid of a process of ours that runs until the test ends it (`stop()`)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    # It leaves (exit code 3) on any signal a liveness check could send by mistake, even where
+    # its parent ignores some (a run under nohup ignores SIGHUP).
+    code = (
+        "import signal, sys\n"
+        "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):\n"
+        "    signal.signal(s, lambda *a: sys.exit(3))\n"
+        "sys.stdin.read()\n"
     )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
 
     class Live:
         pid = proc.pid
@@ -286,8 +292,13 @@ def test_claim_records_the_list_in_every_target_and_release_frees_a_bare_name(ta
     generations.claim(dirs, "n")
     assert [(Path(d) / "n" / ".targets").read_text() for d in dirs] == [record] * 3
     assert [sorted(os.listdir(Path(d) / "n")) for d in dirs] == [[".targets"]] * 3
-    # a folder that holds more than the record keeps it; the bare ones are freed
+    # a folder that holds more than the record keeps it (files sorting after the record's
+    # name and before it); the bare ones are freed
     (Path(dirs[1]) / "n" / "data-1.ab.bin").write_bytes(b"x")
+    (Path(dirs[2]) / "n" / ".saving-ab").write_text(json.dumps(DEAD))
+    generations.release(dirs, "n")
+    assert sorted(os.listdir(Path(dirs[2]) / "n")) == [".saving-ab", ".targets"]
+    (Path(dirs[0]) / "n" / ".targets").write_text(record)
     shutil.rmtree(Path(dirs[2]) / "n")  # and a missing one is no error
     generations.release(dirs, "n")
     assert os.listdir(Path(dirs[0]) / "n") == []
