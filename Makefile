@@ -37,6 +37,7 @@ help:
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
 	@echo "make gpu-rehearsal   the GPU check here, offline, from its wheels and the image's base"
+	@echo "make mutate   mutation testing of the crash-safety core (cosmic-ray; not in CI)"
 
 # Without a GPU the real kvikio package is installed too, without its CUDA dependencies
 # (scripts/kvikio-cpu.txt): the tests hold the gds engine's kvikio calls against it.
@@ -131,3 +132,12 @@ scaling: $(BIN)/.installed
 .PHONY: ceiling
 ceiling: $(BIN)/.installed
 	$(BIN)/ckptbench run configs/ceiling.yaml $(ARGS)
+
+# Mutation testing of the crash-safety core (scripts/mutate.py: manifest, generations, tree,
+# layout, checksums, verify, the striped engine's commit and delete), outside CI: cosmic-ray
+# from the `mutate` extra, sessions and copies under .mutate/. Exits 1 on a survivor that
+# scripts/mutate_equivalent.txt does not explain. ARGS='--only layout' for one module.
+.PHONY: mutate
+mutate: $(BIN)/.installed
+	$(BIN)/pip install -q -e '.[$(EXTRAS),mutate]'
+	$(BIN)/python scripts/mutate.py $(ARGS)

@@ -28,6 +28,7 @@ sweep (`ceilings_after`), since a disk's speed can drift within the hour.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -225,37 +226,40 @@ def builtin_write(
     aligned buffer into the preallocated file, then fsync of every file. Aggregate bytes/s over
     the wall time to durability; after `seconds` no more writes are issued."""
     n_blocks = max(1, file_bytes // block)
-    files = _files(targets, n_blocks * block)
-    buf = odirect.HostBuffer(block)
-    buf.array[:] = random_bytes(buf.nbytes)[: buf.array.size]
-    view = memoryview(buf.array)[:block]
-    flags = os.O_WRONLY | (os.O_DIRECT if direct else 0)
-    fds = [os.open(f, flags) for f in files]
-    workers = len(fds) * jobs * (depth if direct else 1)
-    buckets = [pacing.TokenBucket(c, block) if c else None for c in (caps or [None] * len(fds))]
+    # Whatever fails (an open refused, a write), what was made so far is undone, newest first:
+    # descriptors closed, the buffer unmapped, the files removed.
+    with contextlib.ExitStack() as undo:
+        files = _files(targets, n_blocks * block)
+        undo.callback(_remove, files)
+        buf = odirect.HostBuffer(block)
+        undo.callback(buf.close)
+        buf.array[:] = random_bytes(buf.nbytes)[: buf.array.size]
+        view = memoryview(buf.array)[:block]
+        undo.callback(view.release)
+        flags = os.O_WRONLY | (os.O_DIRECT if direct else 0)
+        fds: list[int] = []
+        for f in files:
+            fds.append(os.open(f, flags))
+            undo.callback(os.close, fds[-1])
+        workers = len(fds) * jobs * (depth if direct else 1)
+        buckets = [pacing.TokenBucket(c, block) if c else None for c in (caps or [None] * len(fds))]
 
-    stop = time.perf_counter_ns() + int(seconds * 1e9) if seconds else None
+        stop = time.perf_counter_ns() + int(seconds * 1e9) if seconds else None
 
-    def write(i: int, j: int) -> int:
-        if stop is not None and time.perf_counter_ns() > stop:
-            return 0
-        if buckets[i] is not None:
-            buckets[i].take(block)
-        odirect.pwrite_all(fds[i], view, j * block)
-        return block
+        def write(i: int, j: int) -> int:
+            if stop is not None and time.perf_counter_ns() > stop:
+                return 0
+            if buckets[i] is not None:
+                buckets[i].take(block)
+            odirect.pwrite_all(fds[i], view, j * block)
+            return block
 
-    try:
         t0 = time.perf_counter_ns()
         with ThreadPoolExecutor(max_workers=workers) as pool:
             jobs_ = [pool.submit(write, i, j) for j in range(n_blocks) for i in range(len(fds))]
             written = sum(f.result() for f in jobs_)
             list(pool.map(os.fsync, fds))
         elapsed = (time.perf_counter_ns() - t0) / 1e9
-    finally:
-        for fd in fds:
-            os.close(fd)
-        _remove(files)
-        buf.close()
     return written / elapsed
 
 

@@ -23,8 +23,10 @@ def device_sums(mem: torch.Tensor) -> torch.Tensor:
     int64 tensor where the bytes are: queued as kernels on the current stream, nothing read back
     to the host, so that a caller can hash many tensors and read every digest back at once."""
     nbytes = mem.numel()
-    if mem.data_ptr() % 4:
-        mem = mem.clone()  # a 32-bit view needs 4-byte alignment
+    if mem.data_ptr() % 4 or mem.storage_offset() % 4:
+        # A 32-bit view needs 4-byte alignment, of the address and of the offset in its
+        # storage (an empty slice at an odd offset has an aligned address, or none at all).
+        mem = mem.clone()
     full = nbytes // 4 * 4
     if nbytes > full:
         tail = torch.zeros(4, dtype=torch.uint8, device=mem.device)

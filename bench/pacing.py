@@ -26,8 +26,10 @@ class TokenBucket:
         """Block until `n` more bytes may be written."""
         with self._lock:
             now = time.perf_counter()
-            # Idle time earns at most one burst of credit.
-            start = max(self._next, now - self.burst_s)
+            # Idle time earns at most one burst of credit: the `- burst_s` below. (Starting
+            # from `now - burst_s` here as well credited two bursts after an idle spell, twice
+            # what a fresh bucket allows.)
+            start = max(self._next, now)
             self._next = start + n / self.rate
             wait = self._next - self.burst_s - now
         if wait > 0:

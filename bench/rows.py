@@ -215,10 +215,13 @@ def error_text(e: BaseException) -> str:
 
 
 def delete_checkpoint(eng: Any, name: str, log: Any) -> None:
-    """Remove checkpoint `name`; a failure is logged, never raised."""
+    """Remove checkpoint `name`; a failure is logged, never raised: a checkpoint left on the
+    targets costs disk space, an exception here would end the sweep. Any Exception, not only
+    OSError: delete() raises UserError too (the claim check, an unreadable `.targets` record).
+    An interrupt (KeyboardInterrupt) still goes through."""
     try:
         eng.delete(name)
-    except OSError as e:
+    except Exception as e:
         log(f"could not delete checkpoint {name}: {e}")
 
 

@@ -87,11 +87,13 @@ def states() -> dict[int, dict[str, torch.Tensor]]:
 class Child:
     """One saving child, started on construction; `go()` waits until it is READY."""
 
-    def __init__(self, ctx: Any, engine: str, dirs: list[str], seed: int, name: str) -> None:
+    def __init__(
+        self, ctx: Any, engine: str, dirs: list[str], seed: int, name: str, where: str | None
+    ) -> None:
         self.conn, theirs = ctx.Pipe()
         self.proc = ctx.Process(
             target=crash_child.run,
-            args=(theirs, engine, dirs, OPTIONS, seed, name, TOTAL, TENSOR),
+            args=(theirs, engine, dirs, OPTIONS, seed, name, TOTAL, TENSOR, where),
             daemon=True,
         )
         self.proc.start()
@@ -110,6 +112,11 @@ class Child:
         msg = self.conn.recv()
         assert msg[0] == "DONE", msg
         return time.perf_counter() - self.t0
+
+    def wait_at(self, where: str) -> None:
+        """Wait until the child's save stopped at `where` (crash_child.stop_at)."""
+        assert self.conn.poll(120), f"the child's save never got to its {where}"
+        assert self.conn.recv() == ("AT", where)
 
     def kill_at(self, t: float) -> None:
         """SIGKILL the child at perf_counter time `t`; returns once it is gone (reaped, so that
@@ -201,17 +208,22 @@ def test_sigkill_at_any_moment_keeps_the_committed_checkpoint(
     counts = Counts()
     live: list[Child] = []
 
-    def start(name: str, seed: int) -> Child:
-        child = Child(fork_server, engine, dirs, seed, name)
+    def start(name: str, seed: int, where: str | None = None) -> Child:
+        child = Child(fork_server, engine, dirs, seed, name, where)
         live.append(child)
         return child
 
-    def kill(child: Child, delay: float, after_done: bool) -> bool:
-        """GO, then SIGKILL `delay` s after GO (or after DONE); whether DONE came first."""
+    def kill(child: Child, delay: float, after_done: bool, where: str | None) -> bool:
+        """GO, then SIGKILL `delay` s after GO (or after DONE), or once the save stopped at
+        `where`; whether DONE came first."""
         child.go()
-        if after_done:
-            child.wait_done()
-        child.kill_at(time.perf_counter() + delay if after_done else child.t0 + delay)
+        if where:
+            child.wait_at(where)
+            child.kill()
+        else:
+            if after_done:
+                child.wait_done()
+            child.kill_at(time.perf_counter() + delay if after_done else child.t0 + delay)
         live.remove(child)
         return child.said_done() or after_done
 
@@ -291,26 +303,53 @@ def test_sigkill_at_any_moment_keeps_the_committed_checkpoint(
             check_x(old_id, seed, 3 - seed, True)
             seed = 3 - seed
         duration = min(durations)
-        plan = [("X", k / (KILLS - 1) * 1.1 * duration, False) for k in range(KILLS)]
-        plan += [("X", d, True) for d in AFTER_DONE]
-        plan += [(f"Z{i}", f * duration, False) for i, f in enumerate(FRESH)]
+        # Kills at points of the save, whatever the machine's speed (the child stops there and
+        # says so): after its first data piece (the old checkpoint stays, the new one's files
+        # are leftovers), after its commit (the new one, the old generation's files left), and
+        # a fresh name's first save cut short (incomplete). Then kills spread over the
+        # duration of an uninterrupted save, wherever they land.
+        plan: list[tuple[str, float, bool, str | None]] = [
+            ("X", 0.0, False, "write"),
+            ("X", 0.0, False, "commit"),
+            (f"Z{len(FRESH)}", 0.0, False, "write"),
+        ]
+        plan += [("X", k / (KILLS - 1) * 1.1 * duration, False, None) for k in range(KILLS)]
+        plan += [("X", d, True, None) for d in AFTER_DONE]
+        plan += [(f"Z{i}", f * duration, False, None) for i, f in enumerate(FRESH)]
+        staged = {(n, w): False for n, _, _, w in plan if w}
+
+        def next_child(i: int) -> Child:
+            name, _, _, where = plan[i]
+            return start(name, 3 - seed if name == "X" else 2, where)
+
         # The next child is started (and builds its state) while this trial is checked.
-        child = start("X", 3 - seed)
-        for i, (name, delay, after_done) in enumerate(plan):
+        child = next_child(0)
+        for i, (name, delay, after_done, where) in enumerate(plan):
             old_id = manifest.committed(dirs, "X").save_id
             old_seed, child_seed = seed, 3 - seed if name == "X" else 2
-            done = kill(child, delay, after_done)
+            done = kill(child, delay, after_done, where)
             counts.kills += name == "X"
             if name == "X" and manifest.committed(dirs, "X").save_id != old_id:
                 seed = child_seed
             if i + 1 < len(plan):
-                child = start(plan[i + 1][0], 3 - seed if plan[i + 1][0] == "X" else 2)
+                child = next_child(i + 1)
             if name == "X":
+                leftovers = generations.leftovers(dirs, "X")
                 check_x(old_id, old_seed, child_seed, done)
-                # 192 MiB are not durable in no time: a kill right at GO keeps the old one.
-                assert delay > 0 or after_done or seed == old_seed
+                if where == "write":  # cut short: the old checkpoint, the new one's files left
+                    assert seed == old_seed and leftovers
+                    assert {save_id_of(p) for p in leftovers} != {old_id}
+                elif where == "commit":  # committed: the new one, the old generation left
+                    assert seed == child_seed
+                    assert {save_id_of(p) for p in leftovers} == {old_id}
             else:
+                incomplete = eng.status(name) == "incomplete"
                 check_fresh(name, states[2])
+                if where:
+                    assert incomplete
+            if where:
+                staged[(name, where)] = True
+        assert all(staged.values()), staged
     finally:
         for child in live:
             child.kill()
@@ -321,9 +360,10 @@ def test_sigkill_at_any_moment_keeps_the_committed_checkpoint(
             f"fresh_kills={counts.fresh} fresh_incomplete={counts.fresh_incomplete} "
             f"save_s={duration:.3f} wall_s={time.perf_counter() - t_start:.1f}"
         )
-    assert counts.old + counts.new == counts.kills >= KILLS
-    assert counts.fresh == len(FRESH)
+    assert counts.old + counts.new == counts.kills >= KILLS + 2
+    assert counts.fresh == len(FRESH) + 1
     assert counts.lost == 0
-    # The spread really hit both sides of the commit, and saves cut short.
+    # Both sides of the commit and saves cut short were hit by the staged kills, whatever the
+    # spread of the others did on this machine.
     assert counts.old > 0 and counts.new > 0 and counts.with_leftovers > 0
-    assert counts.fresh_incomplete > 0
+    assert counts.new_with_old_files > 0 and counts.fresh_incomplete > 0

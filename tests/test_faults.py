@@ -168,9 +168,20 @@ def test_full_disk_mid_sweep_is_an_error_row(small_fs, scratch, monkeypatch, on_
 # -- interruption and resume -----------------------------------------------------------------
 
 
+RUN_DEADLINE_S = 300  # generous: only a hang runs into it, not a busy machine
+
+
 def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
+    """The interrupt comes once 3 rows are on disk; the run cannot have finished by then
+    whatever the machine's speed: each save is capped at 64 MB/s (its 32 MiB cannot be durable
+    in less than ~0.5 s, a token bucket never goes faster), so the 15 saves left take 7 s at
+    the very least."""
     cfg_path = _write_config(
-        scratch / "c.yaml", total_sizes=["32MiB"], tensor_sizes=["1MiB", "4MiB"], repetitions=3
+        scratch / "c.yaml",
+        total_sizes=["32MiB"],
+        tensor_sizes=["1MiB", "4MiB"],
+        repetitions=3,
+        max_write_bw="64MB/s",
     )
     out = scratch / "results"
     # As a terminal would start it: SIGINT at its default disposition. A test run started in
@@ -184,16 +195,16 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     csv = None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + RUN_DEADLINE_S
     while time.monotonic() < deadline:  # interrupt once a few rows are on disk
         found = list(out.glob("*/results.csv"))
         if found and len(found[0].read_text().splitlines()) >= 4:
             csv = found[0]
             break
         time.sleep(0.05)
-    assert csv is not None, "the run recorded no rows in 60 s"
+    assert csv is not None, f"the run recorded no rows in {RUN_DEADLINE_S} s"
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
+    _, err = p.communicate(timeout=RUN_DEADLINE_S)
     assert p.returncode == 130, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err
@@ -222,6 +233,7 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
         ],
         capture_output=True,
         text=True,
+        timeout=RUN_DEADLINE_S,
     )
     assert changed.returncode == 2
     assert "the config changed since that run (repetitions: 3 then, 4 now)" in changed.stderr
@@ -229,6 +241,7 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
         [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "--resume", str(csv.parent)],
         capture_output=True,
         text=True,
+        timeout=RUN_DEADLINE_S,
     )
     assert done.returncode == 0, done.stderr
     rows = pd.read_csv(csv)
@@ -261,7 +274,7 @@ def test_two_runs_on_the_same_targets_do_not_clobber_each_other(scratch):
     cmd = [sys.executable, "-m", "bench", "run", str(cfg_path), "-q", "-o", str(scratch / "r")]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in "ab"]
     for p in procs:
-        p.communicate(timeout=180)
+        p.communicate(timeout=RUN_DEADLINE_S)
         assert p.returncode == 0
     runs = sorted((scratch / "r").iterdir())
     assert len(runs) == 2

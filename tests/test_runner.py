@@ -12,7 +12,6 @@ import errno
 import json
 import os
 import shutil
-import statistics
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from conftest import QUICK_CEILINGS, scratch_base
 
 from analysis import model, runs
-from bench import cli, config, devices, measure, odirect, plan, results
+from bench import cli, config, devices, generations, measure, odirect, plan, results
 from bench.engines import REGISTRY
 from bench.errors import UserError
 from bench.sweep import Sweep
@@ -171,20 +170,21 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
             assert r["gds_mode"] == "none", where
         elif EMULATED:
             assert r["gds_mode"] == "emulated", where
-        else:
-            assert r["gds_mode"] in ("gds", "compat"), where
+        else:  # gds exactly when no file gave a reason for compat mode
+            reasons = json.loads(r["io_detail"] or "{}").get("compat_reasons") or []
+            assert r["gds_mode"] == ("compat" if reasons else "gds"), where
         tensor = 1 * MiB if r["workload"] == "synthetic-8MiB-1MiB" else 8 * MiB
         assert int(r["total_bytes"]) == 8 * MiB
         assert int(r["tensor_bytes"]) == tensor
         assert int(r["n_tensors"]) == 8 * MiB // tensor
         assert r["dtype"] == "float32"
-        stall, persist, total = float(r["stall_s"]), float(r["persist_s"]), float(r["total_s"])
-        assert 0 < stall <= total, where
-        assert persist == pytest.approx(total - stall, abs=1e-6), where
-        assert float(r["restore_s"]) > 0
-        assert float(r["wait_prev_s"]) >= 0
+        assert float(r["stall_s"]) > 0 and float(r["restore_s"]) > 0, where
+        # Every case waits until its save is durable before the next save: none ever waits
+        # for a previous one.
+        assert float(r["wait_prev_s"]) == 0.0, where
         assert int(r["rss_peak_bytes"]) > 8 * MiB
-        assert float(r["cpu_user_s"]) >= 0 and float(r["cpu_sys_s"]) >= 0
+        # A save of 8 MiB (copied or written, hashed) costs this process some CPU time.
+        assert float(r["cpu_user_s"]) + float(r["cpu_sys_s"]) > 0, where
         assert r["cache_dropped"] == str(tiny["runner"].cache_dropped)
         if e in STRIPED:
             chunks = -(-8 * MiB // CHUNK[e])
@@ -205,7 +205,8 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
         else:
             assert int(r["pinned_bytes"]) == 0, where
         if e in ("gds", "torch-save"):  # synchronous: durable when save() returns
-            assert float(r["persist_s"]) < 1e-3, where
+            assert float(r["persist_s"]) == 0.0, where
+            assert float(r["total_s"]) == float(r["stall_s"]), where
 
 
 def test_tiny_run_staging_grows_only_outside_the_timed_saves(tiny: dict[str, Any]) -> None:
@@ -253,39 +254,27 @@ def test_tiny_run_summary(tiny: dict[str, Any]) -> None:
 # -- page cache and stall: the point of cpu-single ----------------------------------------------
 
 
-@pytest.mark.slow
-def test_cpu_single_bypasses_the_page_cache(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Dropping the whole page cache would make later reads (ours and other processes') grow
-    # `Cached` during the saves and blur the measurement.
-    monkeypatch.setattr(measure, "drop_page_cache", lambda: "not dropped in this test")
-    raw = {
-        "name": "pagecache",
-        "engines": ["cpu-single", "cpu-double"],
-        "total_sizes": ["256MiB"],
-        "tensor_sizes": ["64MiB"],
-        "ssd_counts": [1],
-        "targets": make_targets(scratch, 1),
-        "repetitions": 2,
-        "warmups": 1,
-        "ceilings": dict(QUICK_CEILINGS),
-        "engine_options": {"cpu-single": {"checksums": True}, "cpu-double": {"checksums": True}},
-    }
-    r = Sweep(
-        config.from_dict(raw), devices.detect("host-emulated"), str(scratch / "results"), quiet=True
-    )
-    _, rows = read_csv(r.run())
-    assert r.failures == 0
-    assert len(rows) == 6
+@pytest.mark.parametrize("engine", ["cpu-single", "cpu-double"])
+def test_what_a_save_leaves_in_the_page_cache(make_engine: Any, targets: Any, engine: str) -> None:
+    """cpu-single writes with O_DIRECT: once durable, none of its checkpoint's pages are in the
+    page cache (mincore on its own files, whatever else the machine does); cpu-double writes
+    through the page cache, which keeps what it wrote. (System-wide `Cached` growth during the
+    saves is measured in tests/perf/bench_timing.py: other processes' I/O counts there.)"""
+    from bench.workloads import synthetic_state
 
-    def median(engine: str, col: str) -> float:
-        vals = [float(x[col]) for x in rows if x["engine"] == engine and x["warmup"] == "False"]
-        assert len(vals) == 2
-        return statistics.median(vals)
-
-    total = 256 * MiB
-    assert median("cpu-single", "page_cache_peak_bytes") < 0.10 * total
-    assert median("cpu-double", "page_cache_peak_bytes") > 0.50 * total
-    assert median("cpu-single", "stall_s") < 0.5 * median("cpu-single", "total_s")
+    state = synthetic_state(32 * MiB, 8 * MiB, seed=4)
+    eng = make_engine(engine, targets(1), chunk_bytes="1MiB")
+    eng.save(state, "c").wait()
+    files = eng.cached_files("c")
+    size = sum(os.path.getsize(f) for f in files)
+    assert size >= 32 * MiB
+    resident = measure.resident_bytes(files)
+    if engine == "cpu-single":
+        assert resident == 0
+    else:
+        assert resident > 0
+    measure.evict_files(files)
+    assert measure.resident_bytes(files) == 0  # what restore_phase relies on
 
 
 # -- failed cases ---------------------------------------------------------------------------
@@ -381,6 +370,47 @@ def test_engine_error_is_recorded_and_the_sweep_goes_on(
     assert all(x["verified"] == "True" for x in rows if x["engine"] == "torch-save")
     assert r.failures == 2
     assert os.listdir(small["targets"][0]) == []
+
+
+def test_a_delete_that_fails_is_logged_and_the_sweep_goes_on(
+    small: dict[str, Any], scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`delete()` can raise UserError (here the claim check, over a `.targets` record damaged
+    behind the engine's back): the sweep logs it and goes on, every row recorded. It used to
+    escape the case loop and end the sweep."""
+    cls = REGISTRY["cpu-single"]
+    real = cls.delete
+
+    def delete(self: Any, name: str) -> None:
+        (Path(self.targets[0]) / name / generations.TARGETS_RECORD).write_text("{not json")
+        real(self, name)
+
+    monkeypatch.setattr(cls, "delete", delete)
+    r = Sweep(
+        config.from_dict(small),
+        devices.detect("host-emulated"),
+        str(scratch / "results"),
+        quiet=True,
+    )
+    warned: list[str] = []
+    r.core.warn = warned.append  # type: ignore[method-assign]
+    _, rows = read_csv(r.run())
+    assert [(x["engine"], x["verified"]) for x in rows] == [
+        ("cpu-single", "True"),
+        ("torch-save", "True"),
+        ("cpu-single", "True"),
+        ("torch-save", "True"),
+    ]
+    assert r.failures == 0
+    t = small["targets"][0]
+    names = sorted(os.listdir(t))  # the two cpu-single checkpoints stayed, said so
+    assert len(names) == 2
+    assert [w for w in warned if w.startswith("could not delete")] == [
+        f"could not delete checkpoint {n}: checkpoint {n!r}: cannot read "
+        f"{Path(t) / n / generations.TARGETS_RECORD} (Expecting property name enclosed in "
+        "double quotes: line 1 column 2 (char 1)); remove it by hand"
+        for n in names
+    ]
 
 
 def test_on_error_stop_keeps_the_rows_so_far(

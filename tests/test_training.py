@@ -209,7 +209,8 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
         assert g["total_s"].to_numpy() == pytest.approx((g["stall_s"] + g["persist_s"]).to_numpy())
         assert g["verified"].iloc[:-1].isna().all()  # only the last one is restored
         assert bool(g["verified"].iloc[-1]) is True
-        assert (g["t_durable_s"] >= g["t_return_s"] - 1e-3).all()
+        if e in ("gds", "torch-save"):  # durable inside save(), before it returned
+            assert (g["t_durable_s"] <= g["t_return_s"]).all()
         # the step rows' stall_s is the save's
         s = steps[(steps["engine"] == e) & steps["checkpoint"]]
         assert s["stall_s"].to_numpy() == pytest.approx(g["stall_s"].to_numpy())
@@ -328,8 +329,23 @@ def test_training_figure(tiny_run: tuple) -> None:
         assert len(lines[0].get_xdata()) == STEPS
         if e != "none":
             assert list(lines[1].get_xdata()) == CKPT_STEPS
-        shaded = len(ax.patches)
-        assert (shaded > 0) == (e == "cpu-single"), e
+        # The persist windows, as the data has them, each shaded over exactly the steps it
+        # overlaps: none for the engines whose stall is the durable write (the window closes
+        # before the next step starts), cpu-single's wherever its persisting ran into later
+        # steps (how far it does is the machine's speed: no count is asserted).
+        ck = tr.timed_ckpts[tr.timed_ckpts["engine"] == e]
+        t, x = figures._step_x(tr.steps[tr.steps["engine"] == e])
+        windows = (
+            np.interp([r, d], t, x)
+            for r, d in zip(ck["t_return_s"], ck["t_durable_s"], strict=True)
+        )
+        want = [(float(a), float(b)) for a, b in windows if b - a > 1e-6]
+        if e in ("gds", "torch-save"):
+            assert want == [], e
+        spans = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+        assert len(spans) == len(want), e
+        for got, w in zip(spans, want, strict=True):
+            assert got == pytest.approx(w), e
     assert panels[0].get_ylabel() == "step time (s)"
     assert panels[-1].get_xlabel() == "training step"
     assert bars.get_ylabel() == "seconds per checkpoint"

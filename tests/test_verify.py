@@ -146,3 +146,27 @@ def test_root_and_special_tensors() -> None:
     assert same_tensor(torch.empty(0, 3), torch.empty(0, 3))
     assert not same_tensor(torch.empty(0, 3), torch.empty(3, 0))
     assert not same_tensor(torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.uint8))
+
+
+def test_lengths_either_way_and_values_that_are_equal_but_not_identical() -> None:
+    assert first_difference([1, 2, 3], [1, 2]) == "(root) (length 3 vs 2)"
+    assert first_difference({"x": (1,)}, {"x": (1, 2)}) == "['x'] (length 1 vs 2)"
+    big = 10**20
+    assert (
+        first_difference({"x": big, "s": "a" * 50}, {"x": int(str(big)), "s": "".join(["a"] * 50)})
+        is None
+    )
+    assert first_difference(1.0, float("nan")) == "(root)"
+    assert first_difference(float("nan"), 1.0) == "(root)"
+    assert first_difference([float("nan")], [float("nan")]) is None
+    # lengths past the small ints Python keeps once: compared by value
+    assert first_difference(list(range(300)), list(range(300))) is None
+
+
+def test_tensor_sets_inside_lists_and_extra_tensors_are_named() -> None:
+    a = {"l": [torch.zeros(2), torch.ones(2)]}
+    b = {"l": [torch.zeros(2), torch.zeros(2)]}
+    assert first_tensor_difference(a, b) == "l/1"
+    c = {"l": [torch.zeros(2), torch.ones(2)], "extra": torch.ones(1)}
+    assert first_tensor_difference(a, c) == "tensor set differs at extra"
+    assert first_tensor_difference(c, a) == "tensor set differs at extra"

@@ -314,6 +314,7 @@ class StripedEngine:
             extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
         )
         previous = manifest.committed(self.targets, name)
+        damaged = previous is None and os.path.exists(manifest.manifest_path(self.targets, name))
         manifest.commit(self.targets, m)
         done = generations.generation_files(self.targets, name, save_id)
         old = []
@@ -321,6 +322,11 @@ class StripedEngine:
             # Its data files, and its marker if a kill cut short the cleanup of its own commit.
             old = layout.files_of(previous.targets, previous)
             old += generations.generation_files(self.targets, name, previous.save_id)
+        elif damaged:
+            # The manifest replaced could not be read: its generation is unknown, but every
+            # file of a dead save other than this one is now a leftover (the old generation's
+            # data among them; a save still in flight is spared by its live marker).
+            old = generations.leftovers(self.targets, name, keep=save_id)
         generations.remove_files(
             old + [p for p in done if os.path.basename(p).startswith(".saving-")]
         )
