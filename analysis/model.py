@@ -345,16 +345,11 @@ def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
     return sorted(f.stem for f in directory.glob("*.yaml"))
 
 
-def _read_profile_file(name: str, directory: Path) -> tuple[ProfileFile, str]:
-    path = Path(name)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        path = directory / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(profile_names(directory)) or "none"
-        raise UserError(f"unknown hardware profile {name!r} (known: {known}; or a .yaml path)")
+def _validated(path: Path, model: Any) -> Any:
+    """A YAML file read into a pydantic model; a bad file is a UserError naming the path and,
+    for a bad value, the key."""
     try:
-        raw = yaml.safe_load(path.read_text())
-        return ProfileFile.model_validate(raw), str(path)
+        return model.model_validate(yaml.safe_load(path.read_text()))
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML ({e})") from None
     except ValidationError as e:
@@ -362,6 +357,16 @@ def _read_profile_file(name: str, directory: Path) -> tuple[ProfileFile, str]:
         where = ".".join(str(x) for x in err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         raise UserError(f"{path}: {where}: {msg}") from None
+
+
+def _read_profile_file(name: str, directory: Path) -> tuple[ProfileFile, str]:
+    path = Path(name)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(profile_names(directory)) or "none"
+        raise UserError(f"unknown hardware profile {name!r} (known: {known}; or a .yaml path)")
+    return _validated(path, ProfileFile), str(path)
 
 
 def _number(q: Quoted, path: str, key: str) -> float:
@@ -448,15 +453,7 @@ def reference_cpu_cost(
     path = Path(directory) / CPU_COST
     if not path.is_file():
         return (), ""
-    try:
-        f = CpuCostFile.model_validate(yaml.safe_load(path.read_text()))
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e})") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise UserError(f"{path}: {where}: {msg}") from None
+    f = _validated(path, CpuCostFile)
     rows = tuple(
         (e, v.total, v.persist if v.persist is not None else math.nan) for e, v in f.engines.items()
     )

@@ -160,10 +160,9 @@ def times_figure(run: Run, prof: model.Profile | None) -> Figure:
             ax.set_ylabel(f"{METRICS[metric]} (s, log scale)")
             ax.set_title(f"{METRICS[metric]} against size, {n} target(s)")
             ax.legend(loc="lower right", fontsize=5.5)
-        for ax in axes[0]:
-            ax.tick_params(axis="x", labelrotation=45)
-        F.footer(
+        _finish(
             fig,
+            axes,
             run,
             "markers: measured medians; solid: power-law fit (slope in the legend; 1 = linear); "
             "dashed: model calibrated from this run",
@@ -213,16 +212,24 @@ def memory_figure(run: Run) -> Figure:
             ax.set_title(title)
         axes[0][0].set_ylabel("GiB (log scale)")
         axes[0][-1].legend(loc="upper left")
-        for ax in axes[0]:
-            ax.tick_params(axis="x", labelrotation=45)
-        F.footer(
+        _finish(
             fig,
+            axes,
             run,
             "medians over repetitions (an engine that held none is not drawn); RSS is the "
             "process's during the save: the state and the staging of every engine warmed on it; "
             "dotted: the checkpoint's own size",
         )
     return fig
+
+
+def _finish(fig: Figure, axes: Any, run: Run, text: str) -> None:
+    """Size labels turned so that neighbours do not run together, and the run's footer."""
+    from analysis import figures as F
+
+    for ax in axes[0]:
+        ax.tick_params(axis="x", labelrotation=45)
+    F.footer(fig, run, text)
 
 
 def section(d: Any, run: Run) -> None:

@@ -14,6 +14,18 @@ import os
 import uuid
 from typing import Any
 
+# What a save cost the host (bench.hostcost.Cost), filled by bench.rows.save_phase.
+HOST_COLUMNS = (
+    "host_cpu_s",
+    "stall_cpu_s",
+    "stall_host_cpu_s",
+    "host_busy_s",
+    "host_others_cpu_s",
+    "host_baseline_cores",
+    "meter_cpu_s",
+    "dram_bytes",
+    "stall_dram_bytes",
+)
 COLUMNS = [
     "run_id",
     "case_id",
@@ -63,15 +75,7 @@ COLUMNS = [
     "ceiling_beaten",
     "restore_resident_bytes",
     "restore_into",
-    "host_cpu_s",
-    "stall_cpu_s",
-    "stall_host_cpu_s",
-    "host_busy_s",
-    "host_others_cpu_s",
-    "host_baseline_cores",
-    "meter_cpu_s",
-    "dram_bytes",
-    "stall_dram_bytes",
+    *HOST_COLUMNS,
 ]
 # What a save cost the host (bench.hostcost): cpu_user_s and cpu_sys_s are this process's
 # threads and the children it ran, stall_cpu_s their part until save() returned; host_cpu_s the

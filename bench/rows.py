@@ -98,18 +98,7 @@ def new_row(
     }
 
 
-# What a save cost the host (bench.hostcost.Cost), filled by save_phase.
-HOST_COLUMNS = (
-    "host_cpu_s",
-    "stall_cpu_s",
-    "stall_host_cpu_s",
-    "host_busy_s",
-    "host_others_cpu_s",
-    "host_baseline_cores",
-    "meter_cpu_s",
-    "dram_bytes",
-    "stall_dram_bytes",
-)
+HOST_COLUMNS = results.HOST_COLUMNS  # what a save cost the host, filled by save_phase
 
 
 def save_phase(
