@@ -83,7 +83,7 @@ def fingerprint(state: Any) -> list[tuple[str, str]]:
     for path, t in flatten(state)[1]:
         flat = t.detach().contiguous().reshape(-1)
         flat = flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
-        if flat.device.type == "cpu":
+        if flat.is_cpu:
             digest = checksums.checksum(flat.numpy())
         else:
             digest = checksums.device_checksum(flat)

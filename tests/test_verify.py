@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from bench import verify
 from bench.verify import first_difference, first_tensor_difference, same_tensor
 
 
@@ -170,3 +171,43 @@ def test_tensor_sets_inside_lists_and_extra_tensors_are_named() -> None:
     c = {"l": [torch.zeros(2), torch.ones(2)], "extra": torch.ones(1)}
     assert first_tensor_difference(a, c) == "tensor set differs at extra"
     assert first_tensor_difference(c, a) == "tensor set differs at extra"
+
+
+def test_fingerprint_is_each_tensors_dtype_shape_and_xxh3_of_its_bytes():
+    """Worked out here with xxhash directly: dtype, shape and the xxh3-64 of the bytes in
+    memory order, for a contiguous, a non-contiguous, a one-element, a 0-dim and an empty
+    tensor, under the state's own paths."""
+    import xxhash
+
+    g = torch.Generator().manual_seed(9)
+    state = {
+        "a": torch.randn(4, 5, generator=g),
+        "t": torch.randn(3, 2, generator=g).t(),
+        "one": torch.tensor([7], dtype=torch.int64),
+        "step": torch.tensor(3.5),
+        "empty": torch.empty(0, 3),
+    }
+    got = verify.fingerprint(state)
+
+    def want(t: torch.Tensor) -> str:
+        raw = t.contiguous().numpy().tobytes()
+        return f"{t.dtype}{tuple(t.shape)}:{xxhash.xxh3_64_hexdigest(raw)}"
+
+    assert got == [(f"[{k!r}]", want(t)) for k, t in state.items()]
+
+
+def test_first_fingerprint_difference_names_the_first_tensor_that_differs():
+    before = [("['a']", "x:1"), ("['b']", "x:5"), ("['c']", "x:3")]
+    assert verify.first_fingerprint_difference(before, list(before)) is None
+    lower = [("['a']", "x:1"), ("['b']", "x:4"), ("['c']", "x:0")]
+    higher = [("['a']", "x:1"), ("['b']", "x:6"), ("['c']", "x:9")]
+    assert verify.first_fingerprint_difference(before, lower) == "['b']"
+    assert verify.first_fingerprint_difference(before, higher) == "['b']"
+    assert verify.first_fingerprint_difference(lower, before) == "['b']"
+    assert verify.first_fingerprint_difference(before, before[:2]) == "(root) (3 tensors vs 2)"
+    assert verify.first_fingerprint_difference(before[:1], before) == "(root) (1 tensors vs 3)"
+    assert verify.first_fingerprint_difference([], []) is None
+    # Equal, not identical: digests made anew, and more tensors than Python caches ints for.
+    many = [(f"['t{i}']", f"x:{i}") for i in range(300)]
+    again = [(p, "".join(list(d))) for p, d in many]
+    assert verify.first_fingerprint_difference(many, again) is None
