@@ -22,7 +22,7 @@ import pandas as pd
 
 from analysis import figures, runs, stats
 from analysis.runs import Run
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 # metric -> (column, label, higher is better)
 METRICS: dict[str, tuple[str, str, bool]] = {

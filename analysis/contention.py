@@ -1,4 +1,4 @@
-"""Multi-rank runs (`bench.distributed`): how ranks that checkpoint at once contend for the host's
+"""Multi-rank runs (`bench.run.distributed`): how ranks that checkpoint at once contend for the host's
 SSDs and memory, measured beside the model's fair share (`analysis.model.predict_shared`).
 
 One row per case = (workload, SSD count, mapping, ranks checkpointing at once k, engine), from the

@@ -1,9 +1,9 @@
-"""What each path costs the host, from a run's rows (bench.hostcost's columns): CPU-seconds per
+"""What each path costs the host, from a run's rows (bench.measure.hostcost's columns): CPU-seconds per
 GB made durable (this process and its children; the whole host, other processes and the idle
 baseline taken away), split into the stall and the persist phase, the cores busy while the
 checkpoint persists, and the host's DRAM traffic per checkpoint byte (measured from memory
 controller counters where the run had them, else derived from the engine's copies:
-bench.engines.traits.Traits.dram_per_byte, labelled `derived`).
+bench.common.traits.Traits.dram_per_byte, labelled `derived`).
 
 Every figure is the median over the engine's timed repetitions of every case, per byte of each
 checkpoint (1 GB = 1e9 B). Runs recorded before the host columns existed have the process
@@ -122,7 +122,7 @@ def kernel_beside(run: Run) -> tuple[list[str], list[str]]:
 
 
 def has_host(run: Run) -> bool:
-    """Whether the run recorded the whole host's CPU (bench.hostcost), not only the process's."""
+    """Whether the run recorded the whole host's CPU (bench.measure.hostcost), not only the process's."""
     return bool(_num(run.ok, "host_cpu_s").notna().any())
 
 

@@ -29,7 +29,7 @@ from analysis import contention as contention_mod
 from analysis import model, training
 from analysis.runs import Run, label, order_engines
 from analysis.stats import case_stats, median_row
-from bench.sizes import format_size
+from bench.common.sizes import format_size
 
 COL1, COL2 = 3.5, 7.1  # inches: one and two columns
 COLORS = {

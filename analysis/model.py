@@ -43,7 +43,7 @@ Symbols (bandwidths in B/s):
     break-even                      n* = d / w = min(b, C/g) / w (infinite if L < d, or if all
                                     targets share one device and w < d)
 
-Every engine is placed by its traits (bench.engines.traits), read from the run's env.json, so a
+Every engine is placed by its traits (bench.common.traits), read from the run's env.json, so a
 new engine gets its line without a change here. On a measured run (`from_run`) the inputs are
 the run's device ceilings, never the engines' own rows: b and C the copy (or device-to-host)
 ceiling, W(n) and P(n) the O_DIRECT and buffered ceilings of n targets, z the torch.save
@@ -59,7 +59,7 @@ source) or from a measured run (`from_run`).
 What checkpointing costs the host (`host_need`): every GPU of the host checkpointing at the
 rate R = W(m) its m SSDs write together, cores = CPU-seconds per GB durable (measured by a run:
 configs/hardware/cpu-cost/reference.yaml, or the run's own) x R, DRAM = the path's bytes moved
-per checkpoint byte (derived from its copies, bench.engines.traits.Traits.dram_per_byte) x R,
+per checkpoint byte (derived from its copies, bench.common.traits.Traits.dram_per_byte) x R,
 against the host's cores and DRAM bandwidth as the profile cites them ("unknown" without).
 """
 
@@ -75,9 +75,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from analysis.stats import device_ceiling
-from bench.engines.traits import BUILTIN, Traits
-from bench.errors import UserError
-from bench.sizes import parse_size
+from bench.common.errors import UserError
+from bench.common.sizes import parse_size
+from bench.common.traits import BUILTIN, Traits
 
 ENGINES = tuple(BUILTIN)  # engines the profile tables show (a run's own come with its traits)
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
@@ -600,7 +600,7 @@ def from_run(run: Any) -> Profile:
 
 def _probe_point(block: dict[str, Any], top: dict[str, Any]) -> dict[str, float]:
     """The ceilings measured before or after the sweep for one target count, in the keys of a
-    probe (bench.ceiling.probe): the median of the chosen configuration's runs."""
+    probe (bench.measure.ceiling.probe): the median of the chosen configuration's runs."""
     out: dict[str, float] = {}
     for mode in ("direct_write", "buffered_write"):
         runs_ = block.get(f"{mode}_runs")
@@ -983,7 +983,7 @@ class HostNeed:
     host_cores: float | None  # needed, the whole save
     host_cores_persist: float | None  # needed while persisting (beside training)
     cores_available: float | None
-    dram_per_byte: float  # derived from the path's copies (bench.engines.traits)
+    dram_per_byte: float  # derived from the path's copies (bench.common.traits)
     dram_per_byte_persist: float
     dram_Bps: float
     dram_Bps_persist: float

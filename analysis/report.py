@@ -23,8 +23,8 @@ import pandas as pd
 
 from analysis import contention, cost, figures, model, runs, scaling, stats, training
 from analysis.runs import Run
-from bench.errors import UserError
-from bench.sizes import format_size
+from bench.common.errors import UserError
+from bench.common.sizes import format_size
 
 CAPTIONS = {
     "bandwidth_vs_tensor_size": "Figure 1. Bandwidth against tensor size, one line per engine: "
@@ -517,7 +517,7 @@ def model_errors(frame: pd.DataFrame) -> pd.DataFrame:
 def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
     """Where the model still misses by more than 20 % (median over an engine's cases), with the
     reason the run itself shows: the model assumes every engine reaches the device ceilings, so
-    an engine's own efficiency (bench.efficiency, medians) says how far it fell short."""
+    an engine's own efficiency (bench.measure.efficiency, medians) says how far it fell short."""
     out = []
     ok = run.ok
     for e, r in model_errors(frame).iterrows():

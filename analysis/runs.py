@@ -1,6 +1,6 @@
 """A run as analysis sees it: results.csv rows (normalised, with derived GB/s) and env.json.
 
-Reads results files only, through `bench.results`. Rows kept for statistics are the timed
+Reads results files only, through `bench.measure.results`. Rows kept for statistics are the timed
 repetitions that succeeded: warm-ups, rows with an error and rows that did not verify are set
 aside (and counted). Bandwidths are derived here, in GB/s (1e9 B/s), never stored.
 """
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench import results
-from bench.efficiency import best_ceilings as ceilings
-from bench.efficiency import efficiency
-from bench.engines.traits import BUILTIN, Traits
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.common.traits import Traits
+from bench.measure import results
+from bench.measure.efficiency import best_ceilings as ceilings
+from bench.measure.efficiency import efficiency, engine_traits
 
 # The order engines are listed in (the paper's paths, then the baselines); others follow.
 ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
@@ -27,7 +27,7 @@ GB = 1e9
 
 
 def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
-    """`write_eff` and `snapshot_eff` of every row (bench.efficiency, the one definition),
+    """`write_eff` and `snapshot_eff` of every row (bench.measure.efficiency, the one definition),
     against the run's best ceilings; NaN where the run has none."""
     c = ceilings(env)
     w, s = [], []
@@ -37,15 +37,6 @@ def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
         w.append(np.nan if a is None else a)
         s.append(np.nan if b is None else b)
     return df.assign(write_eff=w, snapshot_eff=s)
-
-
-def engine_traits(env: dict[str, Any], engine: str) -> Traits | None:
-    """What `engine` is, as the run recorded it (env.json `engines`), else as the built-in
-    engines of runs made before traits were recorded; None if unknown."""
-    rec = env.get("engines", {}).get(engine, {})
-    if isinstance(rec, dict) and isinstance(rec.get("traits"), dict):
-        return Traits.from_json(rec["traits"])
-    return BUILTIN.get(engine)
 
 
 @dataclass(frozen=True)
@@ -58,7 +49,7 @@ class Run:
     env: dict[str, Any]
     ok: pd.DataFrame = field(repr=False)
     excluded: dict[str, int] = field(default_factory=dict)
-    # Multi-rank runs (bench.distributed): the timed, successful rows of cases where more than
+    # Multi-rank runs (bench.run.distributed): the timed, successful rows of cases where more than
     # one rank checkpointed at once, per rank and aggregate; `ok` keeps the one-rank cases.
     ranked: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
@@ -181,7 +172,7 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # The columns a run must have: those of the first recorded runs. Columns added to
-# bench.results.COLUMNS since (options, capped, efficiencies, ranks...) are optional here, so
+# bench.measure.results.COLUMNS since (options, capped, efficiencies, ranks...) are optional here, so
 # older runs and the committed fixtures still load.
 REQUIRED = [
     "run_id",

@@ -21,7 +21,7 @@ from scipy import stats as sstats
 
 from analysis import model
 from analysis.runs import Run, order_engines
-from bench.sizes import format_size
+from bench.common.sizes import format_size
 
 METRICS = {"stall_s": "stall", "total_s": "time to durability"}
 MIN_SIZES = 3

@@ -17,7 +17,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from analysis.runs import Run, order_engines
-from bench.efficiency import BEATEN
+from bench.measure.efficiency import BEATEN
 
 CASE = ["workload", "n_targets", "engine"]
 
@@ -56,14 +56,14 @@ def device_ceiling(env: dict[str, Any], key: str, n_targets: int, shared: bool) 
     """The write ceiling (B/s) of n targets from env.json["ceilings"], or None if the run has none.
 
     Accepts `per_ssd_count` ({"2": {key: B/s}}: measured with that many targets at once, as
-    bench/ceiling.py writes it), a number (one target), a per-target list, or per-target dicts
+    bench/measure/ceiling.py writes it), a number (one target), a per-target list, or per-target dicts
     (under "targets" or keyed by target path). For the per-target shapes, with all targets on
     one device the ceiling of one target is the ceiling of any number of them.
     """
     ceil = env.get("ceilings")
     if not isinstance(ceil, dict):
         return None
-    # bench/ceiling.py: aggregate ceilings measured with n targets written at once
+    # bench/measure/ceiling.py: aggregate ceilings measured with n targets written at once
     per_n = ceil.get("per_ssd_count")
     if isinstance(per_n, dict):
         row = per_n.get(str(n_targets))

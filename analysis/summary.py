@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 
 from analysis import contention, runs, stats
-from bench import sizes
-from bench.errors import UserError
+from bench.common import sizes
+from bench.common.errors import UserError
 
 COLUMNS = {  # summary_table column -> terminal header
     "mode": "mode",

@@ -24,8 +24,8 @@ import pandas as pd
 
 from analysis.runs import _bool, _text, label, mode_tag, order_engines, read_env
 from analysis.stats import fmt
-from bench import results
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.measure import results
 
 STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
 NONE = "none"

@@ -1,6 +1,6 @@
 """The `ckptbench` command: `run CONFIG`, `engines`, `clean TARGET...`, `report`, `model`, `compare`.
 
-`train CONFIG` checkpoints a real training loop through each engine (bench/training/).
+`train CONFIG` checkpoints a real training loop through each engine (bench/run/training/).
 
 `report RUN_DIR`, `model PROFILE` and `compare RUN_A RUN_B` read results files (analysis/).
 
@@ -14,16 +14,18 @@ import argparse
 import os
 import sys
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from bench import config, devices, distributed  # keep `--help` fast
+    from bench.common import devices
+    from bench.config import sweep as config
+    from bench.run import launch  # keep `--help` fast
 
-    code = distributed.cli_run(args)  # --nproc, a `ranks:` section, or a rank under torchrun
+    code = launch.cli_run(args)  # --nproc, a `ranks:` section, or a rank under torchrun
     if code is not None:
         return code
-    from bench.sweep import Sweep, summary_lines
+    from bench.run.sweep import Sweep, summary_lines
 
     cfg = config.load(args.config, args.set)
     r = Sweep(
@@ -62,10 +64,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _preflight_table(r: object) -> int:
-    """`run --preflight`: every case's verdict (bench.preflight), nothing run; exit 2 if no
+    """`run --preflight`: every case's verdict (bench.run.preflight), nothing run; exit 2 if no
     case fits."""
     from analysis.model import text_table
-    from bench import sizes
+    from bench.common import sizes
 
     r.run()  # type: ignore[attr-defined]
     block = r.preflight_block  # type: ignore[attr-defined]
@@ -96,8 +98,8 @@ def _preflight_table(r: object) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from analysis import training as tstats
     from analysis.model import text_table
-    from bench import training
-    from bench.training.loop import TrainingRun
+    from bench.config import training
+    from bench.run.training.loop import TrainingRun
 
     cfg = training.load(args.config, args.set)
     t = TrainingRun(cfg, args.output, quiet=args.quiet)
@@ -122,7 +124,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_engines(args: argparse.Namespace) -> int:
-    from bench import devices
+    from bench.common import devices
     from bench.engines import REGISTRY
     from bench.engines.gds import kvikio_unavailable
 
@@ -147,7 +149,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _cmd_clean(args: argparse.Namespace) -> int:
     from bench.engines.base import check_targets
-    from bench.generations import leftovers, remove_files
+    from bench.storage.generations import leftovers, remove_files
 
     targets = check_targets("clean", args.targets)
     names = args.name or sorted(
@@ -181,7 +183,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_model(args: argparse.Namespace) -> int:
     from analysis import model, runs
-    from bench.sizes import parse_size
+    from bench.common.sizes import parse_size
 
     if args.from_run:
         if not model.is_filled_from_run(args.profile):

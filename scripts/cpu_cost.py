@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from analysis import cost, runs
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 
 def document(run_dir: str, note: str) -> str:

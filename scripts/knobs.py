@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import config, devices, results
-from bench.sweep import Sweep
+from bench.common import devices
+from bench.config import sweep as config
+from bench.measure import results
+from bench.run.sweep import Sweep
 
 # knob -> (engine, [(label, [--set overrides])])
 KNOBS = {

@@ -1,6 +1,6 @@
 """Mutation testing of the crash-safety core with cosmic-ray (`make mutate`; not part of CI).
 
-Mutated: bench/manifest.py, generations.py, tree.py, layout.py, checksums.py, verify.py, and
+Mutated: bench/storage/manifest.py, generations.py, tree.py, layout.py, checksums.py, verify.py, and
 the commit and delete paths of bench/engines/striped.py (`_commit`, `_abort`, `_prepare`,
 `delete`). Each module is its own cosmic-ray session, whose test command runs the fast tests of
 that module (TESTS below) with `-x`: a mutant is killed when one of them fails.
@@ -49,31 +49,31 @@ _PYTEST = "-x -q -p no:cacheprovider -p no:benchmark"
 # module -> (file, tests): the fast tests that say whether the module still does its job.
 TESTS: dict[str, tuple[str, str]] = {
     "tree": (
-        "bench/tree.py",
+        "bench/storage/tree.py",
         "tests/test_properties.py -k tree; tests/test_engines.py -k 'training_state'",
     ),
     "checksums": (
-        "bench/checksums.py",
+        "bench/storage/checksums.py",
         "tests/test_properties.py -k 'wsum64 or entry_matches or pieces_written';"
         " tests/test_manifest_errors.py -k 'flipped'",
     ),
     "layout": (
-        "bench/layout.py",
+        "bench/storage/layout.py",
         "tests/test_properties.py -k 'layout or pieces_written or bounce or longer or one_byte';"
         " tests/test_manifest_errors.py -k 'flipped or truncated or missing_data'",
     ),
     "manifest": (
-        "bench/manifest.py",
+        "bench/storage/manifest.py",
         "tests/test_properties.py -k 'manifest or commit or save_ids or fsync_dir';"
         " tests/test_generations.py;"
         " tests/test_manifest_errors.py -k 'manifest or refused or first_target'",
     ),
     "generations": (
-        "bench/generations.py",
+        "bench/storage/generations.py",
         "tests/test_generations.py; tests/test_manifest_errors.py -k 'interrupted or marker or"
         " leftover or overlapping or garbled or replaces'",
     ),
-    "verify": ("bench/verify.py", "tests/test_verify.py"),
+    "verify": ("bench/storage/verify.py", "tests/test_verify.py"),
     "striped": (
         "bench/engines/striped.py",
         "tests/test_generations.py; tests/test_manifest_errors.py -k 'replaces or interrupted"

@@ -26,8 +26,11 @@ import subprocess
 import sys
 from typing import Any
 
-from bench import ceiling, devices, engines, env, measure, results, sizes
-from bench.verify import first_difference, first_tensor_difference
+from bench import engines
+from bench.common import devices, sizes
+from bench.measure import ceiling, env, results
+from bench.measure import timers as measure
+from bench.storage.verify import first_difference, first_tensor_difference
 from bench.workloads import synthetic_state
 
 COPY = "copy ceiling (warm buffer, best of 5)"
@@ -46,7 +49,7 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
 def fio_disk(target: str, nbytes: int) -> float:
     """Seconds fio takes to write `nbytes` with O_DIRECT, libaio qd16, 8 MiB blocks, end_fsync,
     into a preallocated file, from buffers on huge pages as cpu-single's staging
-    (bench.ceiling.fio_env)."""
+    (bench.measure.ceiling.fio_env)."""
     path = os.path.join(target, ".ckptbench-peers-fio")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -122,7 +125,7 @@ def main() -> int:
             }
         )
         for name, label, eng in made:
-            gc.collect()  # the last restore's garbage is not this save's (bench.rows.save_phase)
+            gc.collect()  # the last restore's garbage is not this save's (bench.run.rows.save_phase)
             measure.drop_page_cache()
             res = eng.save(state, f"peers-{rep}").wait()
             loaded = eng.load(f"peers-{rep}", device=str(dev.torch_device))
@@ -165,7 +168,7 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    envb = env.collect([os.path.abspath(a.target)])
+    envb = env.collect([os.path.abspath(a.target)], engines.environment_blocks())
     envb.update(
         device={"kind": dev.kind, "emulated": dev.emulated}, copy_ceilings=copies, size_bytes=size
     )

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from bench import engines, odirect
+from bench import engines
+from bench.storage import odirect
 
 REPO = Path(__file__).resolve().parent.parent
 # Tests parametrise over the registry: a new engine is tested by what its traits say it is.

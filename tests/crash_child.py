@@ -29,7 +29,7 @@ def stop_at(conn: Connection, where: str) -> None:
     at that point in the save, however fast or slow the machine."""
     import threading
 
-    from bench import layout, manifest
+    from bench.storage import layout, manifest
 
     module, attr = (layout, "write_piece") if where == "write" else (manifest, "commit")
     real = getattr(module, attr)

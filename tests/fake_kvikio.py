@@ -680,7 +680,7 @@ class FakeCuda:
         device, how kvikio is handed them, their allocations, allocation and copies on restore),
         and give engines that ask for device=cuda a Device of kind cuda whose torch device is
         the host: its memory is this fake's."""
-        from bench.devices import Device
+        from bench.common.devices import Device
         from bench.engines import gds, striped
 
         monkeypatch.setattr(gds, "on_device", self.is_device)

@@ -14,7 +14,7 @@ import pytest
 
 from analysis import figures, model, report, runs, stats
 from bench.cli import main
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 DEFAULT = FIX / "20261202T160516Z-default-b10c3b"
@@ -220,7 +220,7 @@ def test_device_ceiling_shapes(ceilings: dict) -> None:
 
 
 def test_device_ceiling_per_ssd_count() -> None:
-    # the shape bench/ceiling.py writes: aggregates measured with n targets at once
+    # the shape bench/measure/ceiling.py writes: aggregates measured with n targets at once
     env = {
         "ceilings": {
             "tool": "builtin",

@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from bench import config, layout, pacing
-from bench.errors import UserError
-from bench.pacing import TokenBucket
-from bench.verify import first_difference
+from bench.common.errors import UserError
+from bench.config import sweep as config
+from bench.storage import layout, pacing
+from bench.storage.pacing import TokenBucket
+from bench.storage.verify import first_difference
 from bench.workloads import synthetic_state
 
 MiB = 1 << 20
@@ -93,7 +94,7 @@ def test_bad_staging_chunks(make_engine, targets):
 
 
 class FrozenClock:
-    """bench.pacing's clock, stopped: `sleep` records what was asked and lets no time pass, so
+    """bench.storage.pacing's clock, stopped: `sleep` records what was asked and lets no time pass, so
     what a bucket makes each writer wait is worked out exactly, however busy the machine is."""
 
     def __init__(self) -> None:

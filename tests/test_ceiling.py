@@ -1,4 +1,4 @@
-"""Device ceilings (bench.ceiling): the storage probes write real files and clean up, honour
+"""Device ceilings (bench.measure.ceiling): the storage probes write real files and clean up, honour
 write caps, repeat and keep every run; rows get their efficiencies from them."""
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
-from bench import ceiling, config, devices, odirect, rows
+from bench.common import devices
+from bench.config import sweep as config
+from bench.measure import ceiling
+from bench.run import rows
+from bench.storage import odirect
 
 MiB = 1 << 20
 WRITERS = [ceiling.builtin_write] + ([ceiling.fio_write] if ceiling.fio_version() else [])
@@ -57,7 +61,7 @@ def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool, 
 
 def test_fio_env_asks_glibc_for_huge_pages(monkeypatch) -> None:
     """fio's buffers on huge pages where THP and glibc allow it; a user's own tunables kept."""
-    from bench import env as env_mod
+    from bench.measure import env as env_mod
 
     monkeypatch.setattr(env_mod, "thp_mode", lambda: "madvise")
     monkeypatch.setattr(ceiling, "_glibc_version", lambda: (2, 36))
@@ -87,7 +91,7 @@ def test_the_glibc_tunable_puts_malloc_memory_on_huge_pages() -> None:
     import subprocess
     import sys
 
-    from bench import env as env_mod
+    from bench.measure import env as env_mod
 
     env, pages = ceiling.fio_env()
     if not pages.startswith("transparent"):
@@ -425,7 +429,7 @@ def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> No
     CSV is judged again against the best of before, after and the probes (what the summary and
     the report use), in place and atomically. A rank's unjudged row stays unjudged."""
     from analysis import runs
-    from bench import efficiency, results
+    from bench.measure import efficiency, results
 
     path = tmp_path / "results.csv"
     before = {
@@ -632,8 +636,8 @@ def _sweep_raw(scratch: Path, **ceilings: Any) -> dict[str, Any]:
 
 
 def _run_sweep(cfg: config.Config, scratch: Path, monkeypatch) -> tuple[Any, dict]:
-    from bench import measure
-    from bench.sweep import Sweep
+    from bench.measure import timers as measure
+    from bench.run.sweep import Sweep
 
     monkeypatch.setattr(measure, "drop_page_cache", lambda: "not dropped in this test")
     r = Sweep(cfg, devices.detect("host-emulated"), str(scratch / "results"), quiet=True)

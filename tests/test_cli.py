@@ -15,7 +15,7 @@ import torch
 import yaml
 from conftest import QUICK_CEILINGS
 
-from bench import odirect
+from bench.storage import odirect
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]

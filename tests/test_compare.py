@@ -13,7 +13,7 @@ import pytest
 
 from analysis import compare, figures
 from bench.cli import main
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 A = FIX / "20261202T161542Z-cmpa-0ead53"

@@ -1,4 +1,4 @@
-"""bench.config: the shipped configs load; every bad value fails with one line naming its key."""
+"""bench.config.sweep: the shipped configs load; every bad value fails with one line naming its key."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 from conftest import ENGINES
 
-from bench import config
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.config import sweep as config
 
 REPO = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = {

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 
 from analysis import cost, model, report, runs
-from bench.engines.traits import BUILTIN
+from bench.common.traits import BUILTIN
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 HOST = FIX / "20261205T113902Z-default-3518d9"  # recorded with the host columns

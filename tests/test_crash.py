@@ -10,7 +10,7 @@ removal of the old generation) and a few after DONE. After each kill a reader mu
   come after the commit, the new one (always the new one once DONE was said);
 - "Y" untouched;
 - every file in X's directories either of the committed generation or a leftover that
-  `bench.generations.leftovers` lists, all of one interrupted save;
+  `bench.storage.generations.leftovers` lists, all of one interrupted save;
 - after the next save of "X", no leftovers and exactly the committed files.
 Children saving a fresh name "Zi" are killed midway too: the name must be reported incomplete
 (status and load), and a next save of it completes it and leaves no leftovers.
@@ -37,8 +37,8 @@ import pytest
 import torch
 from conftest import STRIPED_ENGINES
 
-from bench import generations, manifest
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.storage import generations, manifest
 
 MiB = 1 << 20
 TOTAL = 192 * MiB
@@ -49,7 +49,7 @@ AFTER_DONE = (0.0, 0.05)  # more kills, seconds after the child said DONE (durab
 FRESH = (0.1, 0.4, 0.7)  # kills of a fresh name's save, in fractions of the duration
 STRIPED = STRIPED_ENGINES
 SAVE_ID = r"[0-9a-f]{16}"
-# The files one save puts in a checkpoint directory, with its SAVEID (bench.manifest's format).
+# The files one save puts in a checkpoint directory, with its SAVEID (bench.storage.manifest's format).
 OWN_FILE = re.compile(
     rf"data-\d+\.({SAVE_ID})\.bin|\.saving-({SAVE_ID})|manifest\.json\.tmp-({SAVE_ID})"
 )

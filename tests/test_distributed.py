@@ -1,4 +1,4 @@
-"""bench.distributed: multi-rank runs under torchrun (gloo on CPU).
+"""bench.run.distributed: multi-rank runs under torchrun (gloo on CPU).
 
 Pure pieces (target mapping, shards, aggregate rows, world-size refusal) are tested in process;
 three jobs run for real: 2 ranks through `ckptbench run --nproc 2` (shared and dedicated targets,
@@ -26,9 +26,13 @@ import pandas as pd
 import pytest
 from conftest import REPO, scratch_base
 
-from bench import config, distributed, engines, odirect, results
-from bench import rows as rowlib
-from bench.errors import UserError
+from bench import engines
+from bench.common.errors import UserError
+from bench.config import sweep as config
+from bench.measure import results
+from bench.run import distributed
+from bench.run import rows as rowlib
+from bench.storage import odirect
 
 MiB = 2**20
 JOB_TIMEOUT_S = 300  # the hard guard around every torchrun job: catches hangs, not slowness

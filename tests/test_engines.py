@@ -323,7 +323,7 @@ def test_no_reference_cycle_keeps_a_restored_state_alive(make_engine, targets, e
     import gc
     import weakref
 
-    from bench import verify
+    from bench.storage import verify
 
     state = training_state()
     eng = make_engine(engine, targets(2), chunk_bytes="8KiB")
@@ -474,12 +474,12 @@ HANG_S = 60  # a deadline that only catches a hang
 
 
 class WriteGate:
-    """Holds every write of the striped engines (bench.layout.write_piece) until `open()`:
+    """Holds every write of the striped engines (bench.storage.layout.write_piece) until `open()`:
     what an engine does while no byte can reach the disk is then a matter of order, not of
     speed. `held` is set when the first write waits at the gate."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from bench import layout
+        from bench.storage import layout
 
         self.held, self._open = threading.Event(), threading.Event()
         self.opened_at = 0.0
@@ -802,7 +802,8 @@ def _smaps_field(address: int, field: str) -> str | None:
 def test_staging_buffers_ask_for_huge_pages():
     """Staging and ceiling buffers of 2 MiB and more are advised to use transparent huge pages
     (granted unless the system's THP mode is `never`); smaller ones are left alone."""
-    from bench import env, odirect
+    from bench.measure import env
+    from bench.storage import odirect
 
     mode = env.thp_mode()
     if mode is None or not os.path.exists("/proc/self/smaps"):
@@ -823,7 +824,7 @@ def test_staging_buffers_ask_for_huge_pages():
 def test_env_records_the_running_damon_schemes(tmp_path: Path) -> None:
     """env.json's vm.damon: the actions of the schemes of every kdamond that is on (read from a
     sysfs tree laid out as the kernel's); None where there is no DAMON."""
-    from bench import env
+    from bench.measure import env
 
     def kdamond(i: int, state: str, actions: list[str]) -> None:
         d = tmp_path / str(i)

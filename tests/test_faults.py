@@ -19,12 +19,15 @@ import yaml
 from conftest import QUICK_CEILINGS
 
 from analysis import report, runs
-from bench import config, devices, generations, manifest, plan
-from bench.efficiency import JUDGED
+from bench.common import devices
+from bench.common.errors import UserError
+from bench.config import sweep as config
 from bench.engines import create
-from bench.errors import UserError
-from bench.sweep import Sweep
-from bench.verify import first_difference
+from bench.measure.efficiency import JUDGED
+from bench.run import plan
+from bench.run.sweep import Sweep
+from bench.storage import generations, manifest
+from bench.storage.verify import first_difference
 from bench.workloads import synthetic_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")

@@ -26,10 +26,11 @@ import pytest
 import torch
 from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
-from bench import ceiling, checksums, odirect, pacing, staging
-from bench.devices import Device
+from bench.common.devices import Device
+from bench.common.errors import ChecksumError, UserError
 from bench.engines import gds
-from bench.errors import ChecksumError, UserError
+from bench.measure import ceiling
+from bench.storage import checksums, odirect, pacing, staging
 
 FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
 
@@ -641,7 +642,6 @@ def test_kvikio_whose_libraries_do_not_load_is_a_reason_not_a_crash(monkeypatch,
     when it is missing: `ckptbench engines`, the environment block and the engine give that as
     the reason why gds cannot run."""
     from bench import cli, engines
-    from bench import env as env_mod
 
     no_kvikio(DynamicLibNotFoundError('Failure finding "libcufile.so.0"'))
     assert gds.kvikio_load_error() == (
@@ -650,7 +650,7 @@ def test_kvikio_whose_libraries_do_not_load_is_a_reason_not_a_crash(monkeypatch,
     reason = gds.Gds.unavailable({"io": "kvikio"})
     assert reason and reason.startswith("kvikio does not load (DynamicLibNotFoundError")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert env_mod.kvikio_info() == {"available": False, "reason": gds.kvikio_load_error()}
+    assert gds.kvikio_info() == {"available": False, "reason": gds.kvikio_load_error()}
     with pytest.raises(UserError, match="kvikio does not load"):
         engines.create("gds", ["/nonexistent"], io="kvikio")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -889,7 +889,8 @@ def test_real_kvikio_on_cuda(make_engine, targets):
 def test_a_sweep_skips_gds_that_cannot_run_and_says_why(scratch, no_kvikio, capsys):
     """gds on CUDA without kvikio (here: io=kvikio without kvikio) used to write error rows;
     the sweep now skips it with the reason, in the terminal summary and env.json."""
-    from bench import cli, results
+    from bench import cli
+    from bench.measure import results
 
     no_kvikio()
     cfg = scratch / "c.yaml"

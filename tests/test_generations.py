@@ -1,4 +1,4 @@
-"""bench.generations and bench.manifest on the branches where a defect would lose data: a save
+"""bench.storage.generations and bench.storage.manifest on the branches where a defect would lose data: a save
 still in flight (its writer alive, here or on another host) is never taken for leftovers, by the
 next save nor by `ckptbench clean`; a save over a damaged manifest leaves no data of the old
 generation behind; a manifest of another format is refused by name.
@@ -23,10 +23,11 @@ import pytest
 import torch
 from conftest import STRIPED_ENGINES
 
-from bench import cli, generations, layout, manifest
-from bench.checksums import checksum
-from bench.errors import UserError
-from bench.verify import first_difference
+from bench import cli
+from bench.common.errors import UserError
+from bench.storage import generations, layout, manifest
+from bench.storage.checksums import checksum
+from bench.storage.verify import first_difference
 
 HANG_S = 60  # a deadline that only catches a hang
 
@@ -234,7 +235,7 @@ def test_a_save_over_a_damaged_manifest_spares_a_save_in_flight(
 
 
 def with_checksum(body: dict[str, Any]) -> str:
-    """A manifest text of `body` ending in its own checksum, as bench.manifest writes it."""
+    """A manifest text of `body` ending in its own checksum, as bench.storage.manifest writes it."""
     text = json.dumps(body, separators=(",", ":"))
     return f'{text[:-1]},"manifest_xxh3":"{checksum(text.encode())}"}}\n'
 

@@ -1,4 +1,4 @@
-"""What a save costs the host (bench.hostcost), held against known loads.
+"""What a save costs the host (bench.measure.hostcost), held against known loads.
 
 A test engine burns a known CPU time in a background thread, in a child process it waits for,
 and in a long-lived child it does not wait for; each burner reports what it burned by its own
@@ -34,8 +34,10 @@ from typing import Any
 import psutil
 import pytest
 
-from bench import hostcost, measure, rows
 from bench.engines.base import PendingSave, SaveResult
+from bench.measure import hostcost
+from bench.measure import timers as measure
+from bench.run import rows
 
 BURN_S = 0.4
 TICK = 1.0 / hostcost.CLK_TCK
@@ -440,8 +442,9 @@ def test_sampler_reports_its_own_thread_cpu() -> None:
 
 
 def test_sweep_rows_and_env_carry_the_host_cost(tmp_path: Path) -> None:
-    from bench import config, devices
-    from bench.sweep import Sweep
+    from bench.common import devices
+    from bench.config import sweep as config
+    from bench.run.sweep import Sweep
 
     targets = [tmp_path / "t0"]
     targets[0].mkdir()
@@ -512,7 +515,7 @@ def test_the_aggregate_of_ranks_counts_each_nodes_kernel_work_once() -> None:
 
 def test_a_resumed_results_csv_keeps_its_columns(tmp_path: Path) -> None:
     # A run begun before the host columns, resumed by this version: its rows must still parse.
-    from bench import results
+    from bench.measure import results
 
     path = tmp_path / "results.csv"
     old = [c for c in results.COLUMNS if c not in rows.HOST_COLUMNS]

@@ -38,9 +38,9 @@ import pytest
 import torch
 from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
-from bench import engines, staging
-from bench import env as env_mod
+from bench import engines
 from bench.engines import gds
+from bench.storage import staging
 
 try:
     import kvikio
@@ -182,7 +182,7 @@ def test_registration_reaches_kvikios_cxx_layer(fake_cuda):
 
 def test_the_environment_block_reads_kvikio(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    info = env_mod.kvikio_info()
+    info = gds.kvikio_info()
     assert info["available"] is True and info["version"] == kvikio.__version__
     assert info["mode"] == "compat" and info["compat_mode"] == "AUTO"
     assert info["nvidia_fs_available"] is False and info["cufile_allow_compat_mode"] is True

@@ -19,8 +19,9 @@ import pytest
 import torch
 from conftest import ENGINES, RUNNABLE, STRIPED_ENGINES
 
-from bench import engines, generations, layout
-from bench.errors import ChecksumError, UserError
+from bench import engines
+from bench.common.errors import ChecksumError, UserError
+from bench.storage import generations, layout
 
 STRIPED = STRIPED_ENGINES
 ALL = RUNNABLE

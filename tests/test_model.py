@@ -14,7 +14,7 @@ from conftest import REPO
 
 from analysis import model, runs
 from bench.cli import main
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 DEFAULT = FIX / "20261202T160516Z-default-b10c3b"

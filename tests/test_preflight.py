@@ -1,4 +1,4 @@
-"""The preflight (bench.preflight): what each case will hold at its peak against what the machine
+"""The preflight (bench.run.preflight): what each case will hold at its peak against what the machine
 has, before anything runs; and restores in place where a second copy would not fit.
 
 The arithmetic is checked for every engine, host-emulated and on CUDA (a device with a given
@@ -16,9 +16,11 @@ import pytest
 import torch
 from conftest import ENGINES, REPO, RUNNABLE
 
-from bench import preflight, results, verify
 from bench.engines import REGISTRY
 from bench.engines.base import StateSize, build_options
+from bench.measure import results
+from bench.run import preflight
+from bench.storage import verify
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -269,7 +271,7 @@ def test_every_engine_restores_in_place(make_engine, targets, engine):
 
 
 def verify_tensors(state: Any) -> list:
-    from bench.tree import flatten
+    from bench.storage.tree import flatten
 
     return flatten(state)[1]
 
@@ -372,7 +374,7 @@ def test_memory_taken_by_another_process_after_the_preflight_skips_the_workload(
 
 
 def test_the_gpus_free_memory_is_read_from_the_device(monkeypatch):
-    from bench.devices import Device
+    from bench.common.devices import Device
 
     calls = []
 

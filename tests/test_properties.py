@@ -1,13 +1,13 @@
 """Round trips of the crash-safety core, as properties over generated inputs (hypothesis):
 
-- bench.tree: any storable state flattens to JSON and back to the same state (key types,
+- bench.storage.tree: any storable state flattens to JSON and back to the same state (key types,
   container types, values, tensor order);
-- bench.layout: for any tensor sizes, chunk size, target count and (direct layout) addresses,
+- bench.storage.layout: for any tensor sizes, chunk size, target count and (direct layout) addresses,
   the pieces put every byte where the extents say, the extents tile each tensor, and files
   written through `write_piece` (buffered and O_DIRECT) read back bit for bit;
-- bench.manifest: any manifest reads back equal from its text, and no one-character change of
+- bench.storage.manifest: any manifest reads back equal from its text, and no one-character change of
   the text is accepted;
-- bench.checksums: wsum64 agrees with the definition computed here in plain Python.
+- bench.storage.checksums: wsum64 agrees with the definition computed here in plain Python.
 
 These are the fast tests `make mutate` runs against the core's mutants (scripts/mutate.py).
 """
@@ -31,8 +31,8 @@ from conftest import scratch_base
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from bench import checksums, layout, manifest, odirect, tree
-from bench.errors import ChecksumError, UserError
+from bench.common.errors import ChecksumError, UserError
+from bench.storage import checksums, generations, layout, manifest, odirect, tree
 
 # The deadline is off: a busy machine must not fail an example for being slow. `make mutate`
 # runs these tests once per mutant and only asks whether one fails: its profile (chosen by
@@ -134,7 +134,7 @@ def leaves(obj: Any) -> Iterator[torch.Tensor]:
             yield from leaves(v)
 
 
-# -- bench.tree -----------------------------------------------------------------------------------
+# -- bench.storage.tree -----------------------------------------------------------------------------------
 
 
 @given(states())
@@ -181,7 +181,7 @@ def test_tree_dtype_names_round_trip_and_refuse_strangers() -> None:
             tree.dtype_from_name(bad)
 
 
-# -- bench.layout ---------------------------------------------------------------------------------
+# -- bench.storage.layout ---------------------------------------------------------------------------------
 
 sizes = st.lists(st.integers(0, 3 * 8192 + 100), min_size=1, max_size=6)
 chunks = st.sampled_from([4096, 8192, 16384])
@@ -482,7 +482,7 @@ def test_a_data_file_longer_than_recorded_loads(disk: Path) -> None:
         layout.read_tensors([str(d)], m)
 
 
-# -- bench.manifest -------------------------------------------------------------------------------
+# -- bench.storage.manifest -------------------------------------------------------------------------------
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 
@@ -567,7 +567,7 @@ def test_manifest_commit_is_atomic_and_leaves_no_temp(tmp_path: Path) -> None:
     manifest.commit([str(tmp_path)], m)
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["manifest.json"]
     assert (tmp_path / "ckpt" / "manifest.json").read_text() == m.to_json()
-    equal_manifests(manifest.read([str(tmp_path)], "ckpt"), m)
+    equal_manifests(generations.read([str(tmp_path)], "ckpt"), m)
     manifest.uncommit([str(tmp_path)], "ckpt")
     assert os.listdir(tmp_path / "ckpt") == []
     manifest.uncommit([str(tmp_path)], "ckpt")
@@ -601,7 +601,7 @@ def test_fsync_dir_takes_only_a_directory(tmp_path: Path) -> None:
         manifest.fsync_dir(str(tmp_path / "f"))
 
 
-# -- bench.checksums ------------------------------------------------------------------------------
+# -- bench.storage.checksums ------------------------------------------------------------------------------
 
 
 def wsum64_by_definition(data: bytes) -> str:

@@ -14,10 +14,12 @@ import pytest
 import torch
 from conftest import ENGINES, REPO
 
-from bench import cli, engines, results, schema
+from bench import cli, engines
+from bench.common import schema
+from bench.common.traits import BUILTIN, Traits
 from bench.engines import options as engine_options
-from bench.engines.traits import BUILTIN, Traits
-from bench.verify import first_difference, first_tensor_difference
+from bench.measure import results
+from bench.storage.verify import first_difference, first_tensor_difference
 
 METHODS = ("unavailable", "warm", "save", "load", "delete", "cached_files", "close")
 
@@ -79,12 +81,12 @@ def test_dtype_table_matches_torch():
 
 def test_the_config_layer_loads_neither_torch_nor_an_engine():
     code = (
-        "import sys, bench.config, bench.schema, bench.engines\n"
-        "bench.config.from_dict({'engines': ['gds', 'cpu-single'], 'total_sizes': ['1MiB'],"
+        "import sys, bench.config.sweep, bench.common.schema, bench.engines\n"
+        "bench.config.sweep.from_dict({'engines': ['gds', 'cpu-single'], 'total_sizes': ['1MiB'],"
         " 'tensor_sizes': ['1MiB'], 'engine_options': {'gds': {'io': 'emulated'}}})\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'xxhash')"
         " or (m.startswith('bench.engines.') and m not in ('bench.engines.options',"
-        " 'bench.engines.traits')))\n"
+        " 'bench.common.traits')))\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -23,10 +23,16 @@ import torch
 from conftest import QUICK_CEILINGS, scratch_base
 
 from analysis import model, runs
-from bench import cli, config, devices, generations, measure, odirect, plan, results
+from bench import cli
+from bench.common import devices
+from bench.common.errors import UserError
+from bench.config import sweep as config
 from bench.engines import REGISTRY
-from bench.errors import UserError
-from bench.sweep import Sweep
+from bench.measure import results
+from bench.measure import timers as measure
+from bench.run import plan
+from bench.run.sweep import Sweep
+from bench.storage import generations, odirect
 
 MiB = 2**20
 ENGINES = ["gds", "cpu-double", "cpu-single", "torch-save", "dcp"]

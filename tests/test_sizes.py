@@ -1,11 +1,11 @@
-"""bench.sizes: human sizes to bytes (the one parser for configs and the CLI) and back."""
+"""bench.common.sizes: human sizes to bytes (the one parser for configs and the CLI) and back."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.errors import UserError
-from bench.sizes import format_size, parse_size
+from bench.common.errors import UserError
+from bench.common.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,12 @@ from conftest import scratch_base
 
 from analysis import figures, report
 from analysis import training as tstats
-from bench import engines, odirect, training, verify
+from bench import engines
 from bench.cli import main
-from bench.errors import UserError
-from bench.training import loop
+from bench.common.errors import UserError
+from bench.config import training
+from bench.run.training import loop
+from bench.storage import odirect, verify
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "runs" / "20261202T160516Z-default-b10c3b"

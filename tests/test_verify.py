@@ -1,4 +1,4 @@
-"""bench.verify: the byte-for-byte comparison of a restored state with its source."""
+"""bench.storage.verify: the byte-for-byte comparison of a restored state with its source."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from bench import verify
-from bench.verify import first_difference, first_tensor_difference, same_tensor
+from bench.storage import verify
+from bench.storage.verify import first_difference, first_tensor_difference, same_tensor
 
 
 def _state() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 from bench.workloads import PRESETS, model_state, synthetic_state
 from bench.workloads.models import _gpt2_shapes, _llama_shapes
 

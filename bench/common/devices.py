@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 
 @dataclass(frozen=True)

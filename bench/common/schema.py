@@ -1,7 +1,7 @@
 """The ground floor of every config: strict pydantic models, human sizes and rates, YAML with
 `--set` overrides, and one error format (one line naming the key path).
 
-Sweep configs (bench.config), training configs (bench.training) and engine options
+Sweep configs (bench.config.sweep), training configs (bench.config.training) and engine options
 (bench.engines.options) are all validated here. Nothing in this module imports torch or an
 engine, so checking a config is cheap (the `--nproc` launcher does it before torchrun starts).
 """
@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from bench import sizes
-from bench.errors import UserError
+from bench.common import sizes
+from bench.common.errors import UserError
 
 # torch's dtypes by name, with their element sizes (tests/test_config.py checks them against
 # torch): configs name dtypes, and validating one must not import torch.

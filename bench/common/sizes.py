@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bitmath
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 
 def parse_size(value: object, field: str = "size", allow_zero: bool = False) -> int:

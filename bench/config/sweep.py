@@ -1,6 +1,6 @@
 """Sweep configs: strict YAML -> frozen, validated Config; every error names its key path.
 
-Axes (each a list, expanded to a cartesian product by bench.plan): `engines`, `total_sizes` x
+Axes (each a list, expanded to a cartesian product by bench.run.plan): `engines`, `total_sizes` x
 `tensor_sizes` (synthetic states) and/or `models` (model-shaped presets), `ssd_counts` (each takes
 the first N entries of `targets`). Unknown keys and bad values fail before anything runs.
 """
@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from bench.common.errors import UserError
+from bench.common.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
 from bench.engines import ENGINES, validate_options
-from bench.errors import UserError
-from bench.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
 from bench.workloads.presets import PRESETS
 
 Mapping = Literal["shared", "dedicated", "per_target"]
@@ -39,7 +39,7 @@ class TargetSpec(Strict):
 
 
 class CeilingSpec(Strict):
-    """How device ceilings are measured before (and after) the sweep (see bench.ceiling)."""
+    """How device ceilings are measured before (and after) the sweep (see bench.measure.ceiling)."""
 
     enabled: bool = True
     tool: Literal["auto", "fio", "builtin"] = "auto"  # auto: fio when installed
@@ -68,7 +68,7 @@ class CeilingSpec(Strict):
 
 
 class RanksSpec(Strict):
-    """Multi-rank runs (bench.distributed, under torchrun): each rank checkpoints its own shard.
+    """Multi-rank runs (bench.run.distributed, under torchrun): each rank checkpoints its own shard.
 
     `mapping` is an axis: `shared` (every rank stripes over all N targets of the case),
     `dedicated` (the N targets split among the ranks, or with `dedicated_subfolders` a folder
@@ -108,7 +108,7 @@ class Config(Strict):
     # How each case's restore is held: `fresh` into new memory (then compared byte for byte
     # with the source), `in-place` into the state's own tensors (checked against fingerprints
     # of the source taken before the save), `auto` fresh where a second copy fits, else in
-    # place (bench.preflight).
+    # place (bench.run.preflight).
     restore: Literal["auto", "fresh", "in-place"] = "auto"
     engine_options: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()

@@ -1,5 +1,5 @@
 """Training-loop configs (`ckptbench train CONFIG`): the model, the loop and the engines, validated
-like sweep configs (bench.schema); nothing here imports torch."""
+like sweep configs (bench.common.schema); nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from bench.config import check_engines, resolved_options
-from bench.errors import UserError
-from bench.schema import Float, NonNeg, PosInt, Strict, read_yaml, validated
+from bench.common.errors import UserError
+from bench.common.schema import Float, NonNeg, PosInt, Strict, read_yaml, validated
+from bench.config.sweep import check_engines, resolved_options
 
 NONE = "none"  # the baseline: the same loop without checkpoints
 

@@ -7,8 +7,10 @@
 A registration line names the engine, its class ("module:Class", imported only when the engine
 is used) and its options model (bench.engines.options), so that a config is validated without
 importing torch or any engine. The class declares the rest (`traits`, see
-bench.engines.traits, and the contract in bench.engines.base); tests/test_engines.py checks that
-every registered engine keeps it.
+bench.common.traits, and the contract in bench.engines.base); tests/test_engines.py checks that
+every registered engine keeps it. A new engine is a module here and a line below.
+
+Imports: bench.common, bench.storage, bench.measure.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bench.common.errors import UserError
+from bench.common.schema import validated
 from bench.engines import options as opts
-from bench.errors import UserError
-from bench.schema import validated
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,15 @@ class Entry:
 
     target: str  # "module:Class"
     options: type[opts.Strict]
+    # (key, "module:function"): what the engine adds to the environment block (env.json), asked
+    # for by the run through `environment_blocks`, so that bench.measure.env imports no engine
+    env_block: tuple[str, str] | None = None
 
 
 ENGINES: dict[str, Entry] = {
-    "gds": Entry("bench.engines.gds:Gds", opts.GdsOptions),
+    "gds": Entry(
+        "bench.engines.gds:Gds", opts.GdsOptions, ("kvikio", "bench.engines.gds:kvikio_info")
+    ),
     "cpu-single": Entry("bench.engines.cpu_single:CpuSingle", opts.SnapshotOptions),
     "cpu-double": Entry("bench.engines.cpu_double:CpuDouble", opts.DoubleOptions),
     "torch-save": Entry("bench.engines.torch_save:TorchSave", opts.NoOptions),
@@ -47,13 +54,16 @@ def register(name: str, target: str, options: type[opts.Strict] = opts.NoOptions
     ENGINES[name] = Entry(target, options)
 
 
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class _Registry(Mapping[str, type]):
     """name -> engine class, importing an engine's module only when its class is asked for."""
 
     def __getitem__(self, name: str) -> type:
-        entry = ENGINES[name]
-        module, _, cls = entry.target.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        return _resolve(ENGINES[name].target)  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[str]:
         return iter(ENGINES)
@@ -100,6 +110,12 @@ def unavailable(name: str, options: dict[str, Any] | None = None) -> str | None:
     """None if engine `name` can run here with `options`, else why not."""
     check_name(name)
     return REGISTRY[name].unavailable(options)
+
+
+def environment_blocks() -> dict[str, Any]:
+    """What the registered engines add to the environment block, by key (gds: `kvikio`, its
+    versions and mode), each hook imported and called now."""
+    return {e.env_block[0]: _resolve(e.env_block[1])() for e in ENGINES.values() if e.env_block}
 
 
 def create(name: str, targets: list[str], **options: Any) -> Any:

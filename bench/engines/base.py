@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from bench.engines.traits import Traits
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.common.traits import Traits
 
 
 @dataclass
@@ -31,7 +31,7 @@ class SaveResult:
 
     name: str
     bytes: int
-    save_id: str = ""  # names this save's files (see bench.manifest)
+    save_id: str = ""  # names this save's files (see bench.storage.manifest)
     stall_s: float = 0.0
     persist_s: float = 0.0
     total_s: float = 0.0
@@ -103,7 +103,7 @@ class PendingSave:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What an engine holds besides the state itself at its peak, in bytes (bench.preflight
+    """What an engine holds besides the state itself at its peak, in bytes (bench.run.preflight
     adds them up before a sweep runs). Host memory unless said otherwise."""
 
     staging: int = 0  # kept from warm() through every save: staging, a cached copy, buffers
@@ -134,7 +134,7 @@ class Engine(Protocol):
     """What every engine module provides (tests/test_engines.py checks each registered one)."""
 
     name: ClassVar[str]
-    traits: ClassVar[Traits]  # what its data path is (bench.engines.traits)
+    traits: ClassVar[Traits]  # what its data path is (bench.common.traits)
     targets: list[str]
     pinned_bytes: int  # page-locked host memory it holds
     restore_mode: str  # how its last load() read: "host", or for gds into CUDA "gds"/"compat"

@@ -4,7 +4,7 @@ A baseline writes into the first target only, into a fresh generation directory
 `NAME/gen-SAVEID/`, and commits by replacing the pointer file `NAME/current` atomically (temp
 file, fsync, rename, fsync of the directory). Readers see the old checkpoint or the new one;
 a save killed midway leaves only a generation directory that `leftovers()` recognises and the
-next save of that name removes (see bench.manifest for the marker and leftover rules).
+next save of that name removes (see bench.storage.manifest for the marker and leftover rules).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from bench import generations, manifest
+from bench.common.errors import UserError
+from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, StateSize, build_options, check_name, check_targets
-from bench.engines.traits import Traits
-from bench.errors import UserError
+from bench.storage import generations, manifest
 
 POINTER = "current"
 
@@ -96,7 +96,7 @@ class BaselineEngine:
         """A synchronous save: `write(gen_dir)` writes and fsyncs the library's files into a new
         generation directory, committed atomically after; the stall is the whole durable write."""
         from bench.engines.base import PendingSave, SaveResult
-        from bench.tree import flatten
+        from bench.storage.tree import flatten
 
         t0 = time.perf_counter_ns()
         _, tensors = flatten(state)
@@ -174,7 +174,7 @@ def load_into(into: Any, tensors: Iterable[Any], count: int) -> Any:
     """Copy `count` restored tensors, taken one at a time from `tensors` (mapped from their file,
     or read one by one), into `into`'s, in place, and return `into`: a restore that holds no
     second copy of the state."""
-    from bench.tree import flatten
+    from bench.storage.tree import flatten
 
     dst = [t for _, t in flatten(into)[1]]
     if len(dst) != count:

@@ -4,7 +4,7 @@
 generation directory of `NAME/` in the first target (DCP writes `thread_count` data files and a
 `.metadata`), committed atomically once DCP's future completes (see bench.engines.baseline). The stall
 ends when async_save returns (DCP has staged the state in host memory); durable when its future
-completes. Runs in a single process here: in a multi-rank run (bench.distributed) each rank
+completes. Runs in a single process here: in a multi-rank run (bench.run.distributed) each rank
 saves and loads its own shard alone (`no_dist`), not through DCP's collective save into one
 shared directory.
 
@@ -18,11 +18,11 @@ import time
 import warnings
 from typing import Any
 
-from bench import manifest
+from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, SaveResult, StateSize
 from bench.engines.baseline import BaselineEngine
-from bench.engines.traits import Traits
-from bench.tree import flatten
+from bench.storage import manifest
+from bench.storage.tree import flatten
 
 # Single-process use is intended here; DCP warns about it on every call, from its own threads.
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bench.common.errors import UserError
+from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize
 from bench.engines.baseline import BaselineEngine
-from bench.engines.traits import Traits
-from bench.errors import UserError
 
 FILE = "state.pt"
 HOW_TO = (

@@ -61,14 +61,14 @@ from typing import Any
 
 import torch
 
-from bench import checksums, layout, manifest, odirect
-from bench import env as env_mod
+from bench.common.errors import UserError
+from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize, check_name
 from bench.engines.striped import StripedEngine, check_into
-from bench.engines.traits import Traits
-from bench.errors import UserError
-from bench.staging import PinnedBuffer
-from bench.tree import flatten, unflatten
+from bench.measure import env as env_mod
+from bench.storage import checksums, generations, layout, manifest, odirect
+from bench.storage.staging import PinnedBuffer
+from bench.storage.tree import flatten, unflatten
 
 MiB = 1 << 20
 
@@ -830,7 +830,7 @@ class Gds(StripedEngine):
             self.restore_mode, self.restore_detail = "host", {}
             return super().load(name, device, checksums, into)
         check_name(name)
-        m = manifest.read(self.targets, name)
+        m = generations.read(self.targets, name)
         layout.check_files(self.targets, m)
         if dst is not None:
             check_into(m, dst)
@@ -929,3 +929,45 @@ def _wait_all(futures: list[Any], paths: list[str]) -> list[int]:
     if error is not None:
         raise error
     return done
+
+
+def kvikio_info() -> dict[str, Any]:
+    """kvikio and cuFile versions and the mode kvikio would use; absent when it cannot load. The
+    engine's block of the environment (env.json `kvikio`), registered in bench.engines."""
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "no CUDA device (kvikio needs libcuda.so.1)"}
+    why = kvikio_load_error()  # any failure to load, not only ImportError
+    if why is not None:
+        return {"available": False, "reason": why}
+    kvikio = import_kvikio()
+    counters = nvfs_counters()
+    info: dict[str, Any] = {
+        "available": True,
+        "version": getattr(kvikio, "__version__", None),
+        "mode": kvikio_mode(kvikio),
+        # where a save's gds label comes from: nvidia-fs's byte counters, or the filesystem list
+        "nvidia_fs_stats": "absent"
+        if counters is None
+        else "bytes counted"
+        if "write_MiB" in counters
+        else "IO statistics off",
+    }
+
+    def props() -> Any:
+        return kvikio.cufile_driver.properties
+
+    for key, fn in [
+        ("compat_mode", lambda: getattr(kvikio.defaults.get("compat_mode"), "name", None)),
+        ("num_threads", lambda: kvikio.defaults.get("num_threads")),
+        ("task_size", lambda: kvikio.defaults.get("task_size")),
+        ("gds_threshold", lambda: kvikio.defaults.get("gds_threshold")),
+        ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version()),
+        ("nvidia_fs_available", lambda: bool(props().is_gds_available)),
+        ("nvidia_fs_version", lambda: f"{props().major_version}.{props().minor_version}"),
+        ("cufile_allow_compat_mode", lambda: bool(props().allow_compat_mode)),
+    ]:
+        try:
+            info[key] = fn()
+        except Exception as e:  # record, never fail the run for it
+            info[key] = f"unknown ({type(e).__name__})"
+    return info

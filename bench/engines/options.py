@@ -1,4 +1,4 @@
-"""Every engine's knobs, as strict models validated like the rest of a config (bench.schema):
+"""Every engine's knobs, as strict models validated like the rest of a config (bench.common.schema):
 unknown keys and bad values fail with the key's path. Nothing here imports torch or an engine,
 so a config is checked before anything heavy loads.
 
@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from bench.schema import NonNeg, PosInt, Rate, Size, SizeOrZero, Strict
+from bench.common.schema import NonNeg, PosInt, Rate, Size, SizeOrZero, Strict
 
-ALIGN = 4096  # O_DIRECT alignment (bench.odirect.ALIGN)
+ALIGN = 4096  # O_DIRECT alignment (bench.storage.odirect.ALIGN)
 
 
 class NoOptions(Strict):

@@ -1,6 +1,6 @@
 """`safetensors` baseline: the format most users already have.
 
-`safetensors.torch.save_file` of the state's tensors (flattened by bench.tree; the structure and
+`safetensors.torch.save_file` of the state's tensors (flattened by bench.storage.tree; the structure and
 the non-tensor values go into the file's metadata as JSON) into one file `state.safetensors` in
 the first target (a new generation directory committed atomically, see bench.engines.baseline),
 then fsync of the file and the directory. Synchronous: the stall is the whole durable write.
@@ -13,10 +13,10 @@ import os
 import struct
 from typing import Any
 
+from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize
 from bench.engines.baseline import BaselineEngine
-from bench.engines.traits import Traits
-from bench.tree import flatten, unflatten
+from bench.storage.tree import flatten, unflatten
 
 FILE = "state.safetensors"
 TREE_KEY = "ckptbench_tree"

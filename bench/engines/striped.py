@@ -1,7 +1,7 @@
 """Machinery shared by the three data paths (gds, cpu-double, cpu-single).
 
 All three stripe the checkpoint over N targets (one data file per target, fixed-size chunks dealt
-round-robin, see bench.layout), write with a pool of `threads_per_target x N` threads (os.pwrite
+round-robin, see bench.storage.layout), write with a pool of `threads_per_target x N` threads (os.pwrite
 releases the GIL), fsync every file and directory, and then commit the manifest. They differ in
 where the bytes come from and how they are written:
 - snapshot engines (cpu-double, cpu-single) copy the state into a reusable staging buffer; the
@@ -22,8 +22,9 @@ import numpy as np
 import torch
 import xxhash
 
-from bench import checksums, generations, layout, manifest, odirect, pacing
-from bench.devices import detect
+from bench.common.devices import detect
+from bench.common.errors import UserError
+from bench.common.traits import Traits
 from bench.engines.base import (
     MemoryPlan,
     PendingSave,
@@ -33,10 +34,9 @@ from bench.engines.base import (
     check_name,
     check_targets,
 )
-from bench.engines.traits import Traits
-from bench.errors import UserError
-from bench.staging import COPY_PIECE, Staging, copy_tasks, run_copies
-from bench.tree import flatten, unflatten
+from bench.storage import checksums, generations, layout, manifest, odirect, pacing
+from bench.storage.staging import COPY_PIECE, Staging, copy_tasks, run_copies
+from bench.storage.tree import flatten, unflatten
 
 
 def _now() -> int:
@@ -336,7 +336,7 @@ class StripedEngine:
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         check_name(name)
-        m = manifest.read(self.targets, name)
+        m = generations.read(self.targets, name)
         if into is not None:
             return self._load_into(m, into, checksums)
         tensors = layout.read_tensors(self.targets, m, check=checksums)
@@ -361,7 +361,7 @@ class StripedEngine:
 
     def check(self, name: str, state: Any) -> None:
         """Check a restored state's tensors against the checksums of `name`'s manifest."""
-        m = manifest.read(self.targets, check_name(name))
+        m = generations.read(self.targets, check_name(name))
         if not m.checksums:
             return
         _, tensors = flatten(state)

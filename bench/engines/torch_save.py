@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize
 from bench.engines.baseline import BaselineEngine, load_into
-from bench.engines.traits import Traits
-from bench.tree import flatten
+from bench.storage.tree import flatten
 
 FILE = "state.pt"
 

@@ -42,16 +42,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import odirect, pacing
-from bench.devices import Device
-from bench.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
+from bench.common.devices import Device
+from bench.storage import odirect, pacing
+from bench.storage.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
 
 DIRECT_SEARCH = [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]  # (writers per target, depth)
-BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]  # the defaults of bench.config.CeilingSpec
+BUFFERED_SEARCH = [(j, 1) for j in (1, 2, 4)]  # the defaults of bench.config.sweep.CeilingSpec
 COPY_REPS = 5
 PROBE_COPY_BYTES = 1 << 30  # the largest copy a ceiling or a probe measures
 # A storage run writes at most this much in all, and stops issuing writes after MAX_SECONDS
-# (then fsyncs): the defaults of bench.config.CeilingSpec.
+# (then fsyncs): the defaults of bench.config.sweep.CeilingSpec.
 MAX_BYTES = 4 << 30
 MAX_SECONDS = 10.0
 # Runs of each page-cache write a probe takes; it keeps the best (a ceiling is the best the
@@ -91,11 +91,11 @@ def fio_env() -> tuple[dict[str, str], str]:
 
     fio mallocs its buffers (its default `mem=malloc`), and glibc maps them with 4 KiB pages,
     so an O_DIRECT write of 16 MiB pins 4096 pages where the engines, writing from staging on
-    transparent huge pages (bench.odirect.HostBuffer), pin 8. On the development VM that alone
+    transparent huge pages (bench.storage.odirect.HostBuffer), pin 8. On the development VM that alone
     held fio to 2.2 GB/s on a disk its huge-page runs wrote at 3.7 (bench/PERF.md): a ceiling
     below what the engines reach. glibc's `glibc.malloc.hugetlb=1` advises malloc's mappings
     MADV_HUGEPAGE, so fio writes from huge pages too (where THP is not `never`)."""
-    from bench.env import thp_mode
+    from bench.measure.env import thp_mode
 
     env = dict(os.environ)
     glibc = _glibc_version()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.engines.traits import Traits
+from bench.common.traits import BUILTIN, Traits
 
 BEATEN = 1.05  # an efficiency above this is a finding about the ceiling, not a score
 # The columns a row's judgement fills: judged again at the end of the sweep (`rejudge_csv`),
@@ -16,7 +16,7 @@ JUDGED = ("write_efficiency", "snapshot_efficiency", "ceiling_beaten")
 
 
 def efficiency(
-    row: dict[str, Any], ceilings: dict[str, Any] | None, traits: Traits | None = None
+    row: dict[str, Any], ceilings: dict[str, Any] | None, traits: Traits
 ) -> tuple[Any, Any]:
     """(write, snapshot) efficiency of a row against the ceilings, each None where it has none.
     The one definition every table, figure and the model's calibration use:
@@ -29,10 +29,6 @@ def efficiency(
     """
     if not ceilings or not row.get("total_s"):
         return None, None
-    if traits is None:
-        from bench.engines import REGISTRY
-
-        traits = REGISTRY[row["engine"]].traits
     tr = traits
     n = int(row["n_targets"]) if tr.stripes else 1
     c = ceilings.get("per_ssd_count", {}).get(str(n))
@@ -87,8 +83,6 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
     import csv
     import os
 
-    from bench.engines import REGISTRY
-
     best = best_ceilings(env)
     if not best or not os.path.exists(path):
         return 0
@@ -98,9 +92,9 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
         rows = list(reader)
     changed = 0
     for r in rows:
-        spec = REGISTRY.get(r.get("engine", ""))
+        traits = engine_traits(env, r.get("engine", ""))
         judged = r.get("write_efficiency") or r.get("snapshot_efficiency")
-        if spec is None or not judged or not r.get("total_s"):
+        if traits is None or not judged or not r.get("total_s"):
             continue
         num = {
             "total_bytes": float(r["total_bytes"]),
@@ -108,7 +102,7 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
             "stall_s": float(r["stall_s"]) if r.get("stall_s") else None,
             "n_targets": int(r["n_targets"]),
         }
-        w, s = efficiency(num, best, spec.traits)
+        w, s = efficiency(num, best, traits)
         new = dict(
             zip(
                 JUDGED,
@@ -129,3 +123,12 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     return changed
+
+
+def engine_traits(env: dict[str, Any], engine: str) -> Traits | None:
+    """What `engine` is, as the run recorded it (env.json `engines`), else as the built-in
+    engines of runs made before traits were recorded; None if unknown."""
+    rec = env.get("engines", {}).get(engine, {})
+    if isinstance(rec, dict) and isinstance(rec.get("traits"), dict):
+        return Traits.from_json(rec["traits"])
+    return BUILTIN.get(engine)

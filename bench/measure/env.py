@@ -15,6 +15,7 @@ import platform
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -140,49 +141,6 @@ def gpu_info() -> dict[str, Any]:
     return info
 
 
-def kvikio_info() -> dict[str, Any]:
-    """kvikio and cuFile versions and the mode kvikio would use; absent when it cannot load."""
-    if not torch.cuda.is_available():
-        return {"available": False, "reason": "no CUDA device (kvikio needs libcuda.so.1)"}
-    from bench.engines.gds import import_kvikio, kvikio_load_error, kvikio_mode, nvfs_counters
-
-    why = kvikio_load_error()  # any failure to load, not only ImportError
-    if why is not None:
-        return {"available": False, "reason": why}
-    kvikio = import_kvikio()
-    counters = nvfs_counters()
-    info: dict[str, Any] = {
-        "available": True,
-        "version": getattr(kvikio, "__version__", None),
-        "mode": kvikio_mode(kvikio),
-        # where a save's gds label comes from: nvidia-fs's byte counters, or the filesystem list
-        "nvidia_fs_stats": "absent"
-        if counters is None
-        else "bytes counted"
-        if "write_MiB" in counters
-        else "IO statistics off",
-    }
-
-    def props() -> Any:
-        return kvikio.cufile_driver.properties
-
-    for key, fn in [
-        ("compat_mode", lambda: getattr(kvikio.defaults.get("compat_mode"), "name", None)),
-        ("num_threads", lambda: kvikio.defaults.get("num_threads")),
-        ("task_size", lambda: kvikio.defaults.get("task_size")),
-        ("gds_threshold", lambda: kvikio.defaults.get("gds_threshold")),
-        ("libcufile_version", lambda: kvikio.cufile_driver.libcufile_version()),
-        ("nvidia_fs_available", lambda: bool(props().is_gds_available)),
-        ("nvidia_fs_version", lambda: f"{props().major_version}.{props().minor_version}"),
-        ("cufile_allow_compat_mode", lambda: bool(props().allow_compat_mode)),
-    ]:
-        try:
-            info[key] = fn()
-        except Exception as e:  # record, never fail the run for it
-            info[key] = f"unknown ({type(e).__name__})"
-    return info
-
-
 def packages() -> dict[str, str]:
     out = {}
     for p in PACKAGES:
@@ -258,8 +216,10 @@ def thp_mode() -> str | None:
     return text[text.index("[") + 1 : text.index("]")] if "[" in text else text.strip()
 
 
-def collect(targets: list[str]) -> dict[str, Any]:
-    """The whole environment block for a run over `targets`."""
+def collect(targets: list[str], blocks: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The whole environment block for a run over `targets`. `blocks` are what engines add
+    (`bench.engines.environment_blocks()`, e.g. gds's `kvikio`): the run asks the engines and
+    hands them in, so that this module never imports an engine."""
     vm = psutil.virtual_memory()
     return {
         "host": socket.gethostname(),
@@ -272,7 +232,7 @@ def collect(targets: list[str]) -> dict[str, Any]:
         "vm": vm_info(),
         "storage": targets_info(targets),
         "gpu": gpu_info(),
-        "kvikio": kvikio_info(),
+        **(blocks or {}),
         "packages": packages(),
         "git": git_commit(),
     }

@@ -275,7 +275,7 @@ def measure_baseline(seconds: float = BASELINE_S, imc: Imc | None = None) -> Bas
 class Meter:
     """Three readings around one save: `start()` before save() is called, `stall()` when it
     returns, `stop()` when the bytes are durable (returns the Cost). `sampler` is the page-cache
-    sampler running beside it (bench.measure.Sampler), whose thread's CPU is taken away."""
+    sampler running beside it (bench.measure.timers.Sampler), whose thread's CPU is taken away."""
 
     def __init__(
         self, baseline: Baseline | None = None, sampler: Any = None, imc: Imc | None = None

@@ -14,7 +14,7 @@ import os
 import uuid
 from typing import Any
 
-# What a save cost the host (bench.hostcost.Cost), filled by bench.rows.save_phase.
+# What a save cost the host (bench.measure.hostcost.Cost), filled by bench.run.rows.save_phase.
 HOST_COLUMNS = (
     "host_cpu_s",
     "stall_cpu_s",
@@ -77,7 +77,7 @@ COLUMNS = [
     "restore_into",
     *HOST_COLUMNS,
 ]
-# What a save cost the host (bench.hostcost): cpu_user_s and cpu_sys_s are this process's
+# What a save cost the host (bench.measure.hostcost): cpu_user_s and cpu_sys_s are this process's
 # threads and the children it ran, stall_cpu_s their part until save() returned; host_cpu_s the
 # whole machine's busy CPU time less other processes' and the run's idle baseline
 # (host_baseline_cores x the save's wall time), stall_host_cpu_s its part in the stall;
@@ -89,9 +89,9 @@ COLUMNS = [
 # restore read its bytes (`host`: through host memory; gds into CUDA memory: `gds` or `compat`);
 # restore_into: `fresh` (new memory, compared byte for byte with the source) or `in-place` (into
 # the state's own tensors, where a second copy would not fit: checked against fingerprints of
-# the source taken before the save, bench.verify).
+# the source taken before the save, bench.storage.verify).
 STEPS_CSV, CKPTS_CSV = "training_steps.csv", "training_checkpoints.csv"  # `ckptbench train` runs
-# Multi-rank runs (bench.distributed) add one row per rank and one aggregate row per repetition.
+# Multi-rank runs (bench.run.distributed) add one row per rank and one aggregate row per repetition.
 # Single-process rows: rank 0, world_size 1, node = this host, node_rank 0, aggregate False,
 # ranks_active 1, target_map "". Aggregate rows: rank -1, node "", node_rank -1, aggregate True.
 

@@ -60,7 +60,7 @@ class Sampler:
 
     def own_cpu(self) -> tuple[float, float]:
         """(user, sys) CPU-seconds this sampler's thread has used so far (as of its last
-        sample): the measurement's own cost, which bench.hostcost takes away."""
+        sample): the measurement's own cost, which bench.measure.hostcost takes away."""
         own, own0 = self._own, self._own0
         return own[0] - own0[0], own[1] - own0[1]
 

@@ -1,9 +1,9 @@
 """The run core: what every kind of run shares, in one place.
 
 A run (a sweep in one process, a sweep under torchrun, a training loop) is driven by its kind
-(bench.sweep, bench.training.loop) on top of a `Core`, which owns:
+(bench.run.sweep, bench.run.training.loop) on top of a `Core`, which owns:
 - the world: `LocalWorld` (rank 0 of 1, collectives that do nothing) or torchrun's
-  (bench.distributed.TorchrunWorld), so that one case loop serves both;
+  (bench.run.distributed.TorchrunWorld), so that one case loop serves both;
 - preflight: target directories, O_DIRECT where an engine needs it (by its traits), engines
   that cannot run here (skipped, with the reason in the notes);
 - engine creation (the config's options, the run's device, per-target write caps);
@@ -24,10 +24,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import env, odirect, results
-from bench.config import engine_options
-from bench.engines import ENGINES, REGISTRY, create
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.config.sweep import engine_options
+from bench.engines import ENGINES, REGISTRY, create, environment_blocks
+from bench.measure import env, results
+from bench.storage import odirect
 
 
 @dataclass
@@ -169,7 +170,7 @@ class Core:
                 self.note(f"resumed with {len(done)} rows already recorded")
         else:
             self.run_id, self.run_dir = results.new_run_dir(self.out_root, self.cfg.name)
-            envb = env.collect(targets)
+            envb = env.collect(targets, environment_blocks())
             envb["device"] = {"kind": self.device.kind, "emulated": self.device.emulated}
             envb["config"] = config
             envb["engines"] = engine_block(engines)

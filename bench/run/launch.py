@@ -1,5 +1,5 @@
 """Launching a multi-rank run: `ckptbench run --nproc N` (or a config with `ranks:`) re-executes
-itself through torchrun, and each rank torchrun starts runs the sweep (bench.sweep) as one rank
+itself through torchrun, and each rank torchrun starts runs the sweep (bench.run.sweep) as one rank
 of the job; rank 0 leaves its exit code for the launcher."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 import tempfile
 from typing import Any
 
-from bench import config as config_mod
-from bench.distributed.world import _STOP, RankLost, init_world
-from bench.errors import UserError
+from bench.common.errors import UserError
+from bench.config import sweep as config_mod
+from bench.run.distributed.world import _STOP, RankLost, init_world
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 RC_FILE_ENV = "CKPTBENCH_RC_FILE"  # where rank 0 leaves its exit code for `ckptbench run --nproc`
@@ -118,7 +118,7 @@ def _device_for_rank(requested: str) -> Any:
                 f"{socket.gethostname()}: one GPU per rank (use --nproc-per-node <= GPUs)"
             )
         torch.cuda.set_device(local)
-    from bench import devices
+    from bench.common import devices
 
     return devices.detect(requested)
 
@@ -126,7 +126,7 @@ def _device_for_rank(requested: str) -> Any:
 def worker_main(args: Any) -> int:
     """One rank of a torchrun job: run the sweep; rank 0 prints the summary. Exit codes as
     `ckptbench run`: 0, 1 (failed rows or a lost rank), 2 (a user error), 130 (interrupted)."""
-    from bench.sweep import Sweep, summary_lines
+    from bench.run.sweep import Sweep, summary_lines
 
     rank = int(os.environ["RANK"])
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())

@@ -2,7 +2,7 @@
 
 A group is a set of cases that share targets: SSD count n, how the ranks map onto the targets,
 and how many ranks checkpoint at once. A single-process run has one group per SSD count (its
-one rank over the first n targets); bench.distributed plans the groups of multi-rank runs.
+one rank over the first n targets); bench.run.distributed plans the groups of multi-rank runs.
 Case ids and checkpoint names are made here, so a resumed run finds its rows again.
 """
 
@@ -12,10 +12,10 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from bench import config as config_mod
-from bench import sizes
+from bench.common import sizes
+from bench.common.errors import UserError
+from bench.config import sweep as config_mod
 from bench.engines import REGISTRY
-from bench.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def check_space(
     error row. `scale`: how many checkpoints of that size are written at once (ranks that each
     save a whole total).
     """
-    from bench import ceiling
+    from bench.measure import ceiling
 
     sized = [w.size(cfg, False, 1).nbytes for w in wls]
     largest = scale * max(sized, default=0)

@@ -15,7 +15,7 @@ The page cache that buffered writes fill is said but not counted: the kernel rec
 memory is held against MemAvailable (and the cgroup's limit, where one is set), device memory
 against the GPU's free memory. RLIMIT_MEMLOCK is recorded: no engine here locks memory with
 mlock (CUDA's cudaHostRegister pins through the driver), so it refuses nothing. Disk space is
-checked by `bench.plan.check_space`.
+checked by `bench.run.plan.check_space`.
 
 A case that does not fit with its restore into new memory restores in place (`restore: auto`)
 where its engine can and that fits; else it is refused, in one line naming the resource, what it
@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from bench import sizes
+from bench.common import sizes
 from bench.engines import REGISTRY
 from bench.engines.base import MemoryPlan, StateSize, build_options
 

@@ -1,7 +1,7 @@
 """Result rows: one repetition measured in phases (save until durable, restore and compare),
 its efficiency against the run's ceilings, and the aggregate row of a multi-rank repetition.
 
-bench.sweep runs the phases (with barriers between them under torchrun); bench.results writes
+bench.run.sweep runs the phases (with barriers between them under torchrun); bench.measure.results writes
 the rows; analysis reads them.
 """
 
@@ -13,14 +13,23 @@ import json
 import socket
 from typing import Any
 
-from bench import hostcost, measure, results, verify
-from bench.efficiency import beaten, efficiency
 from bench.engines import REGISTRY
+from bench.measure import efficiency as judge
+from bench.measure import hostcost, results
+from bench.measure import timers as measure
+from bench.measure.efficiency import beaten
+from bench.storage import verify
+
+
+def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None) -> tuple[Any, Any]:
+    """The row's (write, snapshot) efficiency (bench.measure.efficiency), judged by the traits
+    its engine declares."""
+    return judge.efficiency(row, ceilings, REGISTRY[row["engine"]].traits)
 
 
 def tensor_stats(state: Any) -> tuple[int, int]:
     """(number of tensors, their bytes) of a state."""
-    from bench.tree import flatten
+    from bench.storage.tree import flatten
 
     _, tensors = flatten(state)
     return len(tensors), sum(t.numel() * t.element_size() for _, t in tensors)
@@ -111,7 +120,7 @@ def save_phase(
     host: hostcost.Host | None = None,
 ) -> None:
     """Save `state` as `name` and wait until durable, sampling memory and reading what it
-    cost the host (bench.hostcost: the stall ends when save() returns; `host` holds the run's
+    cost the host (bench.measure.hostcost: the stall ends when save() returns; `host` holds the run's
     idle baseline, taken away from the host figures, and its DRAM counters); fills the row's
     save columns.
     `after_save()`, if given, runs between save() returning and the wait (a hook for fault
@@ -171,7 +180,7 @@ def restore_phase(
     of the source taken before the save given: the restore overwrites the state's own tensors,
     and no second copy of it is held), the restored tensors' fingerprints with the source's.
     Fills restore_s, restore_resident_bytes, restore_into, verified and (on a difference)
-    error. `load(name, device, checksums[, into])` replaces `eng.load` (bench.distributed
+    error. `load(name, device, checksums[, into])` replaces `eng.load` (bench.run.distributed
     checks the world size first)."""
     files = eng.cached_files(name)
     measure.evict_files(files)

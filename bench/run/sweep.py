@@ -1,7 +1,7 @@
 """A sweep: config -> cases -> engine saves -> rows in results/<run-id>/, on one rank alone or on
-every rank of a torchrun job, through one case loop on the run core (bench.core).
+every rank of a torchrun job, through one case loop on the run core (bench.run.core).
 
-For each group of targets (bench.plan: SSD count; under torchrun also the mapping of ranks to
+For each group of targets (bench.run.plan: SSD count; under torchrun also the mapping of ranks to
 targets and how many ranks checkpoint at once), for each workload: build the state (a rank's
 shard of it under torchrun), warm every engine for it outside the timed region, drop the page
 cache (root), then run the repetitions with the engines alternating, warm-ups first and flagged.
@@ -9,7 +9,7 @@ Each repetition: every rank passes a barrier, the active ones save and wait unti
 second barrier, evict the checkpoint's pages, restore, compare with the source byte for byte, and
 delete it; the rows are gathered to rank 0, which writes them (plus, under torchrun, one
 aggregate row) and flushes them to disk before the next save. With one process the barriers and
-the gather do nothing (bench.core.LocalWorld).
+the gather do nothing (bench.run.core.LocalWorld).
 """
 
 from __future__ import annotations
@@ -23,20 +23,24 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import ceiling, hostcost, measure, plan, preflight, results, rows, sizes, verify
-from bench import config as config_mod
-from bench import distributed as dist
-from bench import env as env_mod
-from bench.core import Core
-from bench.efficiency import rejudge_csv
+from bench.common import sizes
+from bench.common.errors import UserError
+from bench.common.schema import DTYPES
+from bench.config import sweep as config_mod
 from bench.engines import REGISTRY
-from bench.errors import UserError
-from bench.schema import DTYPES
+from bench.measure import ceiling, hostcost, results
+from bench.measure import env as env_mod
+from bench.measure import timers as measure
+from bench.measure.efficiency import rejudge_csv
+from bench.run import distributed as dist
+from bench.run import plan, preflight, rows
+from bench.run.core import Core
+from bench.storage import verify
 
 
 class Sweep:
     """Runs one sweep config as this rank: rank 0 of 1, or one rank of a torchrun job
-    (`world` from bench.distributed, `ranked`: per-rank and aggregate rows)."""
+    (`world` from bench.run.distributed, `ranked`: per-rank and aggregate rows)."""
 
     def __init__(
         self,
@@ -123,7 +127,7 @@ class Sweep:
         self.done = {tuple(x) for x in head["done"]}
         self._environment(wls, paths_all)
         # The host at rest, in this run, before any save: what the saves' host figures take
-        # away (bench.hostcost). Every rank reads its own node while all of them are idle.
+        # away (bench.measure.hostcost). Every rank reads its own node while all of them are idle.
         self.host = hostcost.Host.measure()
         if w.rank == 0:
             core.env["host_cost"] = self.host.info()
@@ -177,7 +181,7 @@ class Sweep:
 
     def _preflight(self, wls: list[plan.Workload]) -> None:
         """What every case will hold at its peak against what this machine has
-        (bench.preflight), before the first ceiling and the first state: `self.verdicts`, with
+        (bench.run.preflight), before the first ceiling and the first state: `self.verdicts`, with
         each case's restore (fresh or in place). A case that cannot fit is refused in one line:
         with `on_error: stop`, or when no case fits, the run is (exit 2); else that case is
         skipped and said in the notes. Under torchrun every rank judges its own shard against
@@ -365,7 +369,7 @@ class Sweep:
     def _ceilings(
         self, wls: list[plan.Workload], again: dict[str, Any] | None = None
     ) -> dict[str, Any] | None:
-        """The device ceilings for this sweep (bench.ceiling); `again`: the ceilings measured
+        """The device ceilings for this sweep (bench.measure.ceiling); `again`: the ceilings measured
         before, whose configurations are measured once more (after the sweep). When a probe
         cannot finish (a full disk, fio failing) None: a ceiling is a reference, not the
         benchmark, so that is said loudly in the notes and the engines still run, without
@@ -489,7 +493,7 @@ class Sweep:
 
     def _probe(self, g: plan.Group, wl: plan.Workload) -> None:
         """The ceilings once more between this workload's warm-up and timed saves
-        (bench.ceiling.probe), into env.json `ceilings_probes`: the model predicts the workload
+        (bench.measure.ceiling.probe), into env.json `ceilings_probes`: the model predicts the workload
         from the probes around it. The page cache is not dropped for it: the timed saves that
         follow find it as the warm-ups left it, and so does the probe (on a VM with a memory
         balloon, a buffered write into freshly dropped memory runs at half speed). A probe that

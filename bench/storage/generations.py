@@ -1,7 +1,7 @@
 """The lifecycle of a checkpoint name on its targets: the claim of a target list (`.targets`),
 the marker of a save in progress (`.saving-SAVEID`, naming its process), and leftovers: files of
 interrupted saves, recognised by their save id and removed by the next save of that name or by
-`ckptbench clean` (see bench.manifest for the layout they live in)."""
+`ckptbench clean` (see bench.storage.manifest for the layout they live in)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import shutil
 import socket
 import uuid
 
-from bench.errors import UserError
-from bench.manifest import (
+from bench.common.errors import UserError
+from bench.storage.manifest import (
     MANIFEST,
     Manifest,
     checkpoint_dir,
     committed,
     fsync_dir,
+    manifest_path,
 )
 
 
@@ -215,3 +216,30 @@ def status(targets: list[str], name: str) -> str:
     ):
         return "incomplete"
     return "absent"
+
+
+def read(targets: list[str], name: str) -> Manifest:
+    """The committed manifest of checkpoint `name`; a clear error if missing or for other targets."""
+    path = manifest_path(targets, name)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        if leftovers(targets, name):
+            raise UserError(
+                f"checkpoint {name!r} is incomplete: a save was interrupted before its commit "
+                f"({path} does not exist; its leftover files are removed by the next save)"
+            ) from None
+        raise UserError(
+            f"no complete checkpoint {name!r}: {path} does not exist "
+            "(never saved, interrupted before its commit, or saved with another first target)"
+        ) from None
+    m = Manifest.from_json(text, path)
+    saved = [os.path.realpath(t) for t in m.targets]
+    given = [os.path.realpath(t) for t in targets]
+    if saved != given:
+        raise UserError(
+            f"checkpoint {name!r} was saved on targets {m.targets}, "
+            f"but the engine was created with {list(targets)}; use the same targets in the same order"
+        )
+    return m

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import odirect
-from bench.checksums import entry_matches
-from bench.errors import ChecksumError, UserError
-from bench.manifest import Manifest, TensorEntry, checkpoint_dir, data_file_name
-from bench.tree import dtype_from_name
+from bench.common.errors import ChecksumError, UserError
+from bench.storage import odirect
+from bench.storage.checksums import entry_matches
+from bench.storage.manifest import Manifest, TensorEntry, checkpoint_dir, data_file_name
+from bench.storage.tree import dtype_from_name
 
 TENSOR_ALIGN = 64  # offset of each tensor inside a staging buffer: enough for any dtype
 

@@ -19,8 +19,9 @@ marker `.saving-SAVEID` naming its process. Files of a save whose process is gon
 leftovers: recognisable by their SAVEID, reported by `leftovers()`, and removed by the next save
 of that name or by `clean()`.
 
-The state tree is stored as tagged JSON nodes (bench.tree); checksums are bench.checksums'; the
-lifecycle of a name on its targets (claims, markers, leftovers) is bench.generations.
+The state tree is stored as tagged JSON nodes (bench.storage.tree); checksums are
+bench.storage.checksums'; the lifecycle of a name on its targets (claims, markers, leftovers,
+and reading its committed manifest: `generations.read`) is bench.storage.generations.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from typing import Any
 
 import torch
 
-from bench.checksums import checksum
-from bench.errors import UserError
-from bench.tree import dtype_name
+from bench.common.errors import UserError
+from bench.storage.checksums import checksum
+from bench.storage.tree import dtype_name
 
 FORMAT = "ckptbench-1"
 MANIFEST = "manifest.json"
@@ -177,32 +178,3 @@ def committed(targets: list[str], name: str) -> Manifest | None:
             return Manifest.from_json(f.read(), manifest_path(targets, name))
     except (OSError, UserError):
         return None
-
-
-def read(targets: list[str], name: str) -> Manifest:
-    """The committed manifest of checkpoint `name`; a clear error if missing or for other targets."""
-    path = manifest_path(targets, name)
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        from bench.generations import leftovers
-
-        if leftovers(targets, name):
-            raise UserError(
-                f"checkpoint {name!r} is incomplete: a save was interrupted before its commit "
-                f"({path} does not exist; its leftover files are removed by the next save)"
-            ) from None
-        raise UserError(
-            f"no complete checkpoint {name!r}: {path} does not exist "
-            "(never saved, interrupted before its commit, or saved with another first target)"
-        ) from None
-    m = Manifest.from_json(text, path)
-    saved = [os.path.realpath(t) for t in m.targets]
-    given = [os.path.realpath(t) for t in targets]
-    if saved != given:
-        raise UserError(
-            f"checkpoint {name!r} was saved on targets {m.targets}, "
-            f"but the engine was created with {list(targets)}; use the same targets in the same order"
-        )
-    return m

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import odirect
-from bench.devices import Device
+from bench.common.devices import Device
+from bench.storage import odirect
 
 
 def cudart() -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -76,8 +76,8 @@ def fingerprint(state: Any) -> list[tuple[str, str]]:
     """(path, digest) of every tensor of `state`, computed where its bytes are: xxh3 of a host
     tensor's bytes, wsum64 of a CUDA tensor's on the device. No copy of the state is made (a
     non-contiguous tensor is copied alone, one at a time)."""
-    from bench import checksums
-    from bench.tree import flatten
+    from bench.storage import checksums
+    from bench.storage.tree import flatten
 
     out = []
     for path, t in flatten(state)[1]:

@@ -3,6 +3,8 @@
 Both are built directly on the target device, filled with random bits (never zeros: storage
 that compresses or skips zero pages must not flatter an engine). `PRESETS` (names and shapes)
 loads without torch; the builders import it when first used.
+
+Imports: bench.common, bench.storage.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 from bench.workloads.presets import PRESETS, Arch
 from bench.workloads.synthetic import DeviceMemory, fill_random
 

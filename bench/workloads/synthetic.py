@@ -8,8 +8,8 @@ import math
 import numpy as np
 import torch
 
-from bench.errors import UserError
-from bench.odirect import HostBuffer, align_up
+from bench.common.errors import UserError
+from bench.storage.odirect import HostBuffer, align_up
 
 PIECE = 64 << 20  # bytes generated on the host at a time for a device tensor
 

@@ -2,11 +2,11 @@
 
 - snapshot copy: the state's tensors copied into a warm staging buffer, as SnapshotEngine._save
   does (the whole stall of cpu-single and cpu-double);
-- O_DIRECT write of one 16 MiB chunk with bench.layout.write_piece, aligned (the packed layout)
+- O_DIRECT write of one 16 MiB chunk with bench.storage.layout.write_piece, aligned (the packed layout)
   and unaligned (the direct layout: head and tail blocks through a bounce buffer); write+fsync
   of 64 MiB, O_DIRECT and buffered;
-- checksum: bench.checksums.checksum (xxh3) over 64 MiB;
-- manifest commit: bench.manifest.commit of a 1000-tensor manifest (temp file, fsync, rename,
+- checksum: bench.storage.checksums.checksum (xxh3) over 64 MiB;
+- manifest commit: bench.storage.manifest.commit of a 1000-tensor manifest (temp file, fsync, rename,
   fsync of the directory), and its JSON serialisation alone.
 
 Every buffer holds random bytes (zero pages would flatter copies and storage). Each benchmark
@@ -38,10 +38,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench import checksums, layout, manifest, odirect
-from bench.devices import Device, detect
-from bench.staging import Staging
-from bench.tree import flatten
+from bench.common.devices import Device, detect
+from bench.storage import checksums, generations, layout, manifest, odirect
+from bench.storage.staging import Staging
+from bench.storage.tree import flatten
 from bench.workloads import fill_random, synthetic_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -423,7 +423,7 @@ def test_manifest_commit(benchmark: Any, commit_targets: list[str]) -> None:
     os.makedirs(manifest.checkpoint_dir(commit_targets[0], m.name), exist_ok=True)
     benchmark.extra_info.update(tensors=len(m.tensors), manifest_bytes=len(m.to_json()))
     benchmark.pedantic(manifest.commit, args=(commit_targets, m), rounds=20, warmup_rounds=2)
-    back = manifest.read(commit_targets, m.name)
+    back = generations.read(commit_targets, m.name)
     assert back.save_id == m.save_id and len(back.tensors) == 1000
 
 

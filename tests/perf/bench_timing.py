@@ -19,10 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import ceiling, config, devices, measure, odirect
-from bench.pacing import TokenBucket
-from bench.sweep import Sweep
-from bench.verify import first_difference
+from bench.common import devices
+from bench.config import sweep as config
+from bench.measure import ceiling
+from bench.measure import timers as measure
+from bench.run.sweep import Sweep
+from bench.storage import odirect
+from bench.storage.pacing import TokenBucket
+from bench.storage.verify import first_difference
 from bench.workloads import synthetic_state
 
 MiB = 1 << 20

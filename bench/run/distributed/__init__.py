@@ -22,15 +22,7 @@ per rank); checkpoint data never crosses ranks.
 
 from __future__ import annotations
 
-from bench.distributed.launch import (
-    RC_FILE_ENV,
-    cli_run,
-    launch,
-    launched,
-    torchrun_command,
-    worker_main,
-)
-from bench.distributed.ranks import (
+from bench.run.distributed.ranks import (
     FAULT_ENV,
     assign,
     build_shard,
@@ -48,7 +40,7 @@ from bench.distributed.ranks import (
     shard_name,
     write_lost,
 )
-from bench.distributed.world import (
+from bench.run.distributed.world import (
     SETUP_TIMEOUT_S,
     RankLost,
     TorchrunWorld,
@@ -58,7 +50,6 @@ from bench.distributed.world import (
 
 __all__ = [
     "FAULT_ENV",
-    "RC_FILE_ENV",
     "SETUP_TIMEOUT_S",
     "RankLost",
     "TorchrunWorld",
@@ -67,12 +58,9 @@ __all__ = [
     "build_shard",
     "check_resume_world",
     "check_world",
-    "cli_run",
     "faults",
     "init_world",
     "inject",
-    "launch",
-    "launched",
     "load_shard",
     "map_label",
     "plan_groups",
@@ -81,7 +69,5 @@ __all__ = [
     "save_shard",
     "shard_bytes",
     "shard_name",
-    "torchrun_command",
-    "worker_main",
     "write_lost",
 ]

@@ -10,12 +10,13 @@ import re
 import signal
 from typing import Any
 
-from bench import config as config_mod
-from bench import results, sizes
-from bench.distributed.world import RankLost, TorchrunWorld
-from bench.errors import UserError
-from bench.plan import Group
-from bench.schema import DTYPES
+from bench.common import sizes
+from bench.common.errors import UserError
+from bench.common.schema import DTYPES
+from bench.config import sweep as config_mod
+from bench.measure import results
+from bench.run.distributed.world import RankLost, TorchrunWorld
+from bench.run.plan import Group
 
 # Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises) or `kill`
 # (the rank SIGKILLs itself while its save persists), SAVE counting this job's saves from 0.

@@ -13,7 +13,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from bench.errors import UserError
+from bench.common.errors import UserError
 
 SETUP_TIMEOUT_S = 600.0  # barriers around setup steps that only some ranks do (ceilings)
 _STOP = threading.Event()  # torchrun sent SIGTERM: another rank failed, or the job is stopped
@@ -113,7 +113,7 @@ class TorchrunWorld:
     def agree(self, where: str, fn: Any, timeout_s: float | None = None) -> Any:
         """Run `fn()` on every rank; if it raised on any, raise UserError on every rank naming
         the first such rank (so no rank goes on alone and waits for the others)."""
-        from bench.rows import error_text
+        from bench.run.rows import error_text
 
         try:
             result, err = fn(), ""

@@ -19,7 +19,7 @@ Writes `training_steps.csv` (one row per timed step), `training_checkpoints.csv`
 save, warm-ups flagged) and `env.json` into results/<run-id>/. The summary (inflation per
 checkpoint, contention during persist) is derived in analysis/training.py.
 
-A kind of run on the run core (bench.core), beside bench/sweep.py: the core owns the run
+A kind of run on the run core (bench.run.core), beside bench/run/sweep.py: the core owns the run
 directory, env.json, preflight, engine creation and the row writers; this module the loop.
 """
 
@@ -35,11 +35,14 @@ from typing import Any
 
 import torch
 
-from bench import devices, measure, results, verify
-from bench.core import Core
-from bench.errors import UserError
-from bench.training.config import NONE, TrainingConfig, param_count, resolved, state_bytes
-from bench.training.model import Trainer, clone_state
+from bench.common import devices
+from bench.common.errors import UserError
+from bench.config.training import NONE, TrainingConfig, param_count, resolved, state_bytes
+from bench.measure import results
+from bench.measure import timers as measure
+from bench.run.core import Core
+from bench.run.training.model import Trainer, clone_state
+from bench.storage import verify
 
 STEP_COLUMNS = [
     "run_id",

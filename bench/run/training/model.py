@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.training.config import ModelConfig, TrainingConfig
+from bench.config.training import ModelConfig, TrainingConfig
 
 
 class TinyGPT(nn.Module):

@@ -1,0 +1,7 @@
+"""Running: the layer that puts the others to work. The run core every kind of run shares
+(`core`), the cases of a sweep (`plan`), what fits in memory (`preflight`), a repetition
+measured into rows (`rows`), the case loop (`sweep`), many ranks under torchrun
+(`distributed`, launched by `launch`) and a real training loop (`training`).
+
+Imports: every layer below it, analysis included (the summary a sweep prints).
+"""
