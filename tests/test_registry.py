@@ -4,6 +4,7 @@ torch nor any engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -94,12 +95,33 @@ def test_the_config_layer_loads_neither_torch_nor_an_engine():
     assert out.stdout.strip() == "[]"
 
 
+def test_an_engine_adds_to_the_environment_through_its_registry_line(
+    copied_engine, monkeypatch, tmp_path
+):
+    """env.json's engine blocks come from hooks named in the registry, which the run calls
+    (bench.measure.env imports no engine): gds's kvikio block, and one a new engine adds."""
+    from bench.engines import gds
+    from bench.measure import env
+
+    entry = engines.ENGINES[copied_engine]
+    hooked = dataclasses.replace(entry, env_block=("copy_probe", "ckptbench_copy_engine:probe"))
+    monkeypatch.setitem(engines.ENGINES, copied_engine, hooked)
+    blocks = engines.environment_blocks()
+    assert blocks == {"kvikio": gds.kvikio_info(), "copy_probe": {"hooked": True}}
+    envb = env.collect([str(tmp_path)], blocks)
+    keys = list(envb)
+    assert keys[keys.index("gpu") + 1 : keys.index("gpu") + 3] == ["kvikio", "copy_probe"]
+    assert envb["copy_probe"] == {"hooked": True}
+    assert "kvikio" not in env.collect([str(tmp_path)])
+
+
 @pytest.fixture
 def copied_engine(tmp_path, monkeypatch) -> str:
     """A copy of cpu-single's module under a new name, registered with one line."""
     src = (REPO / "bench" / "engines" / "cpu_single.py").read_text()
     src = src.replace('name = "cpu-single"', 'name = "cpu-single-copy"')
     src = src.replace("class CpuSingle(", "class CpuSingleCopy(")
+    src += '\n\ndef probe():\n    return {"hooked": True}\n'  # an environment hook
     (tmp_path / "ckptbench_copy_engine.py").write_text(src)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(

@@ -234,6 +234,9 @@ def test_tiny_run_env_json(tiny: dict[str, Any]) -> None:
     assert storage["distinct_devices"] == 1
     assert any("share one device" in n for n in envb["notes"])
     assert envb["device"] == {"kind": "host-emulated" if EMULATED else "cuda", "emulated": EMULATED}
+    from bench.engines import gds
+
+    assert envb["kvikio"] == gds.kvikio_info()  # the gds engine's block, through its hook
     assert envb["config"]["skipped_cases"] == [
         {"total_bytes": 8 * MiB, "tensor_bytes": 16 * MiB, "why": "tensor larger than total"}
     ]
