@@ -63,7 +63,7 @@ class _Registry(Mapping[str, type]):
     """name -> engine class, importing an engine's module only when its class is asked for."""
 
     def __getitem__(self, name: str) -> type:
-        return _resolve(ENGINES[name].target)  # type: ignore[no-any-return]
+        return _resolve(ENGINES[name].target)
 
     def __iter__(self) -> Iterator[str]:
         return iter(ENGINES)
