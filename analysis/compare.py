@@ -22,6 +22,7 @@ import pandas as pd
 
 from analysis import figures, runs, stats
 from analysis.runs import Run
+from analysis.tables import text_table
 from bench.errors import UserError
 
 # metric -> (column, label, higher is better)
@@ -233,8 +234,6 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def text(c: Comparison) -> str:
     """What the terminal shows."""
-    from analysis.model import text_table  # one table formatter
-
     lines = [f"{_letter(i)} = {r.run_id} ({r.path})" for i, r in enumerate(c.runs)]
     if c.forced and c.refusals:
         lines += [f"WARNING: NOT COMPARABLE, compared because of --force: {x}" for x in c.refusals]

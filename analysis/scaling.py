@@ -19,7 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats as sstats
 
-from analysis import model
+from analysis.model.predict import predict
+from analysis.model.profiles import Profile
 from analysis.runs import Run, order_engines
 from bench.sizes import format_size
 
@@ -117,7 +118,7 @@ def rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return headers, out
 
 
-def times_figure(run: Run, prof: model.Profile | None) -> Figure:
+def times_figure(run: Run, prof: Profile | None) -> Figure:
     """Stall and time to durability against checkpoint size, log-log, per engine: medians
     (markers), the fitted power law (solid) and the model calibrated from the run (dashed)."""
     from analysis import figures as F
@@ -151,7 +152,7 @@ def times_figure(run: Run, prof: model.Profile | None) -> Figure:
                 )
                 if prof is not None and run.traits(e) is not None:
                     key = "stall_s" if metric == "stall_s" else "durable_s"
-                    ys = [getattr(model.predict(prof, e, n, x, run.traits(e)), key) for x in xs]
+                    ys = [getattr(predict(prof, e, n, x, run.traits(e)), key) for x in xs]
                     ax.plot(xs, ys, color=F.color(e), linestyle="--", linewidth=0.9, alpha=0.7)
             ax.set_yscale("log")
             if sizes:

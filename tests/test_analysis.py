@@ -12,7 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import figures, model, report, runs, stats
+from analysis import figures, report, runs, stats
+from analysis.model.calibrate import from_run
+from analysis.model.planning import plan
+from analysis.model.predict import stall_ratio
+from analysis.model.profiles import load_profile, load_profiles
 from bench.cli import main
 from bench.errors import UserError
 
@@ -237,7 +241,7 @@ def test_device_ceiling_per_ssd_count() -> None:
     assert stats.device_ceiling(env, "direct_write_Bps", 4, shared=False) is None
     assert stats.device_ceiling(env, "copy_Bps", 1, shared=True) == 9e9  # one for the host
     run = runs.load(str(DEFAULT))
-    p = model.from_run(dataclasses.replace(run, env=dict(run.env, **env)))
+    p = from_run(dataclasses.replace(run, env=dict(run.env, **env)))
     assert (p.ssd_write_Bps, p.host_copy_Bps) == (2e9, 9e9)
 
 
@@ -284,7 +288,7 @@ def test_bandwidth_figure(run: runs.Run) -> None:
 
 
 def test_stall_figure_has_model_beside_measurement(run: runs.Run) -> None:
-    fig = figures.stall_vs_ssds(run, model.from_run(run))
+    fig = figures.stall_vs_ssds(run, from_run(run))
     axes = [ax for ax in fig.get_axes() if ax.get_visible()]
     assert [ax.get_title() for ax in axes] == [
         "synthetic-1GiB-4MiB (1GiB)",
@@ -318,7 +322,7 @@ def test_host_memory_figure(run: runs.Run) -> None:
 
 
 def test_feasibility_figure(run: runs.Run) -> None:
-    profs = [*model.load_profiles(), model.from_run(run)]
+    profs = [*load_profiles(), from_run(run)]
     fig = figures.feasibility(profs, run)
     ax = fig.get_axes()[0]
     assert ax.get_xlabel() == "SSDs per GPU, n"
@@ -334,9 +338,7 @@ def test_feasibility_figure(run: runs.Run) -> None:
     h100 = lines[1]
     # the same function as the headline: all 8 GPUs at once, d = min(52.77, 100 / 8)
     assert h100.get_ydata()[0] == pytest.approx(12.5 / 3.8)
-    assert h100.get_ydata()[0] == pytest.approx(
-        model.stall_ratio(model.load_profile("dgx-h100-gen4"), 1)
-    )
+    assert h100.get_ydata()[0] == pytest.approx(stall_ratio(load_profile("dgx-h100-gen4"), 1))
     # break-even annotations, one per profile that breaks even within 20 SSDs
     assert sorted(t.get_text() for t in ax.texts) == ["2", "4", "4", "4"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -344,11 +346,11 @@ def test_feasibility_figure(run: runs.Run) -> None:
 
 
 def test_lost_fraction_figure_of_a_run_says_it_is_emulated(run: runs.Run) -> None:
-    this = model.from_run(run)
+    this = from_run(run)
     fig = figures.lost_fraction(this, run=run)
     ax = fig.get_axes()[0]
     assert ax.get_xlabel() == "mean time between failures (hours, log scale)"
-    assert [ln.get_label() for ln in labelled(ax)] == [pl.engine for pl in model.plan(this, 3600)]
+    assert [ln.get_label() for ln in labelled(ax)] == [pl.engine for pl in plan(this, 3600)]
     assert f"run {run.run_id}" in fig.get_supxlabel()
     assert "HOST-EMULATED" in fig.get_supxlabel()
     # A profile alone (`ckptbench model`) is a model, not a run: no run footer.
@@ -460,7 +462,7 @@ def test_report_summary_csv_matches_table(built: report.Report, run: runs.Run) -
 
 
 def test_model_vs_measured_rows(run: runs.Run) -> None:
-    this = model.from_run(run)
+    this = from_run(run)
     frame = report.model_frame(run, this)
     assert list(frame[report.MODEL_CSV].columns) == [
         "workload",

@@ -26,7 +26,11 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
 
 from analysis import contention as contention_mod
-from analysis import model, training
+from analysis import training
+from analysis.model.planning import plan
+from analysis.model.predict import break_even, break_even_ssds, predict, stall_ratio
+from analysis.model.profiles import Profile
+from analysis.model.render import fmt_bytes
 from analysis.runs import Run, label, order_engines
 from analysis.stats import case_stats, median_row
 from bench.sizes import format_size
@@ -180,7 +184,7 @@ def bandwidth_vs_tensor_size(run: Run) -> Figure:
 
 
 @styled
-def stall_vs_ssds(run: Run, prof: model.Profile | None) -> Figure:
+def stall_vs_ssds(run: Run, prof: Profile | None) -> Figure:
     """Stall against SSD count per workload, measured (markers, IQR bars) beside the model."""
     wls = list(dict.fromkeys(run.ok["workload"]))
     ncols = min(len(wls), 3)
@@ -205,7 +209,7 @@ def stall_vs_ssds(run: Run, prof: model.Profile | None) -> Figure:
             s = s_wl[s_wl["engine"] == e].sort_values("n_targets")
             _line(ax, s["n_targets"], s, e, _engine_label(run.ok, e), linestyle="none")
             if prof is not None and run.traits(e) is not None:
-                ys = [model.predict(prof, e, x, size, run.traits(e)).stall_s for x in xs_n]
+                ys = [predict(prof, e, x, size, run.traits(e)).stall_s for x in xs_n]
                 ax.plot(
                     xs,
                     ys,
@@ -267,9 +271,7 @@ def host_memory(run: Run) -> Figure:
     ]
     ax.errorbar(x, np.add(p, c), yerr=err, fmt="none", ecolor="black", elinewidth=0.7, capsize=2)
     pred = [
-        model.predict(_unit_profile(), e, 1, 1.0, run.traits(e)).host_bytes
-        if run.traits(e)
-        else np.nan
+        predict(_unit_profile(), e, 1, 1.0, run.traits(e)).host_bytes if run.traits(e) else np.nan
         for e in engines
     ]
     (mline,) = ax.plot(
@@ -400,21 +402,19 @@ def host_cpu(run: Run) -> Figure:
     return fig
 
 
-def _unit_profile() -> model.Profile:
+def _unit_profile() -> Profile:
     """A profile whose host-memory predictions are in units of S (bandwidths do not matter)."""
-    return model.Profile("unit", "", 1.0, 1.0, 1, 1, 1.0, 1)
+    return Profile("unit", "", 1.0, 1.0, 1, 1, 1.0, 1)
 
 
 @styled
-def feasibility(
-    profiles: list[model.Profile], run: Run | None = None, max_ssds: int = 20
-) -> Figure:
+def feasibility(profiles: list[Profile], run: Run | None = None, max_ssds: int = 20) -> Figure:
     """GDS stall / CPU-centric stall against SSDs per GPU, one line per hardware profile, with
     each break-even point and today's ~1 data SSD per GPU marked."""
     fig, axes = _new(COL1, 3.6)
     ax = axes[0][0]
     xs = np.arange(1, max_ssds + 1)
-    top = max(float(np.max(model.stall_ratio(p, xs))) for p in profiles) if profiles else 10
+    top = max(float(np.max(stall_ratio(p, xs))) for p in profiles) if profiles else 10
     today = ax.axvspan(
         0.75,
         1.25,
@@ -433,16 +433,16 @@ def feasibility(
     )
     ax.axhline(1, color="black", linewidth=0.6)
     for i, p in enumerate(profiles):
-        ys = model.stall_ratio(p, xs)
+        ys = stall_ratio(p, xs)
         name = p.name + (" (one shared device)" if p.shared_device else "")
         (ln,) = ax.plot(
             xs, ys, linestyle=PROFILE_STYLES[i % len(PROFILE_STYLES)], label=name, color=f"C{i}"
         )
-        be = model.break_even(p)
+        be = break_even(p)
         if np.isfinite(be) and be <= max_ssds:
             ax.plot([be], [1], marker="o", color=ln.get_color(), markersize=4, label="_nolegend_")
             ax.annotate(
-                f"{model.break_even_ssds(p)}",
+                f"{break_even_ssds(p)}",
                 (be, 1),
                 textcoords="offset points",
                 xytext=(0, -8),
@@ -471,7 +471,7 @@ def feasibility(
 
 @styled
 def lost_fraction(
-    prof: model.Profile,
+    prof: Profile,
     traits: dict[str, Any] | None = None,
     restart_s: float = 0.0,
     run: Run | None = None,
@@ -482,7 +482,7 @@ def lost_fraction(
     fig, axes = _new(COL1, 2.7)
     ax = axes[0][0]
     hours = np.logspace(0, 3, 40)
-    plans = [model.plan(prof, h * 3600, restart_s, traits=traits) for h in hours]
+    plans = [plan(prof, h * 3600, restart_s, traits=traits) for h in hours]
     for i, e in enumerate(pl.engine for pl in plans[0]):
         ys = [100 * p[i].lost_fraction for p in plans]
         ax.plot(
@@ -500,7 +500,7 @@ def lost_fraction(
     ax.set_xlabel("mean time between failures (hours, log scale)")
     ax.set_ylabel("training time lost (%, log scale)")
     ax.set_title(
-        f"{prof.name}: {model.fmt_bytes(prof.size_bytes)} per GPU, "
+        f"{prof.name}: {fmt_bytes(prof.size_bytes)} per GPU, "
         f"{prof.gpus_sharing_host} GPU(s) at once",
         fontsize=7,
     )
@@ -840,7 +840,7 @@ MAP_STYLES = {"shared": "-", "dedicated": "--", "dedicated-subfolders": "--"}
 
 
 @styled
-def contention(run: Run, prof: model.Profile | None) -> Figure:
+def contention(run: Run, prof: Profile | None) -> Figure:
     """Many ranks at once (multi-rank runs): (a) stall (the slowest rank) and (b) aggregate write
     bandwidth against the ranks checkpointing at once, one colour per engine, solid for shared
     targets and dashed for dedicated ones, the model's fair share dotted."""

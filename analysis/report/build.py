@@ -21,8 +21,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import contention, cost, figures, model, runs, scaling, stats, training
+from analysis import contention, cost, figures, runs, scaling, stats, training
+from analysis.model.calibrate import from_run, near
+from analysis.model.host import host_needs
+from analysis.model.predict import break_even, break_even_ssds, predict, stall_ratio
+from analysis.model.profiles import PROFILES_DIR, THIS_MACHINE, Profile, load_profiles
+from analysis.model.render import FORMULAS_MD, describe_break_even, input_rows
 from analysis.runs import Run
+from analysis.tables import text_table
 from bench.errors import UserError
 from bench.sizes import format_size
 
@@ -247,7 +253,7 @@ def stall_ratios(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[str]]]:
+def profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str]]]:
     headers = [
         "profile",
         "b: D2H GB/s",
@@ -258,11 +264,11 @@ def profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[st
     ]
     rows = []
     for p in profiles:
-        be = model.break_even(p)
+        be = break_even(p)
         be_txt = (
             ("never (one shared device)" if p.shared_device else "never")
             if math.isinf(be)
-            else f"{model.break_even_ssds(p)} ({be:.2f})"
+            else f"{break_even_ssds(p)} ({be:.2f})"
         )
         rows.append(
             [
@@ -270,14 +276,14 @@ def profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[st
                 f"{p.d2h_Bps / 1e9:.2f}",
                 f"{p.ssd_write_Bps / 1e9:.2f}",
                 str(p.ssds_per_gpu),
-                f"{model.stall_ratio(p, p.ssds_per_gpu):.2f}",
+                f"{stall_ratio(p, p.ssds_per_gpu):.2f}",
                 be_txt,
             ]
         )
     return headers, rows
 
 
-def answer(run: Run, this: model.Profile | None, profiles: list[model.Profile]) -> list[str]:
+def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]:
     """The paragraphs that answer 'is GDS worth it here'."""
     out = []
     sr = stall_ratios(run)
@@ -292,13 +298,13 @@ def answer(run: Run, this: model.Profile | None, profiles: list[model.Profile]) 
             "CPU-centric path stalls only for the snapshot into host memory."
         )
     if this is not None:
-        out.append(f"**The model calibrated from this run:** {model.describe_break_even(this)}.")
-    servers = [p for p in profiles if p.name != model.THIS_MACHINE]
+        out.append(f"**The model calibrated from this run:** {describe_break_even(this)}.")
+    servers = [p for p in profiles if p.name != THIS_MACHINE]
     if servers:
-        bes = [model.break_even_ssds(p) for p in servers]
+        bes = [break_even_ssds(p) for p in servers]
         finite = [b for b in bes if b is not None]
         today = [p.ssds_per_gpu for p in servers]
-        ratios = [model.stall_ratio(p, p.ssds_per_gpu) for p in servers]
+        ratios = [stall_ratio(p, p.ssds_per_gpu) for p in servers]
         worth = [
             p.name
             for p, b in zip(servers, bes, strict=True)
@@ -324,7 +330,7 @@ def answer(run: Run, this: model.Profile | None, profiles: list[model.Profile]) 
     return out
 
 
-def with_run_cost(profiles: list[model.Profile], run: Run) -> list[model.Profile]:
+def with_run_cost(profiles: list[Profile], run: Run) -> list[Profile]:
     """The server profiles charged this run's CPU-seconds per GB (the report's verdicts
     measure the paths here, not the reference run's)."""
     per = cost.cpu_cost(run)
@@ -333,12 +339,12 @@ def with_run_cost(profiles: list[model.Profile], run: Run) -> list[model.Profile
     rows = tuple((e, t, p) for e, (t, p, _) in per.items())
     src = f"run {run.run_id} (this report's run)"
     return [
-        p if p.name == model.THIS_MACHINE else replace(p, cpu_cost=rows, cpu_cost_source=src)
+        p if p.name == THIS_MACHINE else replace(p, cpu_cost=rows, cpu_cost_source=src)
         for p in profiles
     ]
 
 
-def host_answer(run: Run, servers: list[model.Profile]) -> str:
+def host_answer(run: Run, servers: list[Profile]) -> str:
     """The answer's line on what each path costs the host: CPU-seconds per GB here, and the
     servers' verdicts with this run's CPU cost."""
     t = cost.table(run)
@@ -377,7 +383,7 @@ def host_answer(run: Run, servers: list[model.Profile]) -> str:
             )
     verdicts = []
     for p in with_run_cost(servers, run):
-        needs = model.host_needs(p)
+        needs = host_needs(p)
         bad = [n.engine for n in needs if n.verdict.startswith("cannot")]
         unknown = [n.engine for n in needs if n.verdict.startswith("unknown")]
         top = max((n for n in needs), key=lambda n: n.dram_Bps_persist, default=None)
@@ -402,7 +408,7 @@ def host_answer(run: Run, servers: list[model.Profile]) -> str:
     return text
 
 
-def host_profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[list[str]]]:
+def host_profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str]]]:
     """Per profile and engine: cores and DRAM GB/s needed to checkpoint every GPU at the SSDs'
     rate, and the verdict."""
     headers = [
@@ -415,7 +421,7 @@ def host_profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[li
     ]
     out = []
     for p in profiles:
-        for n in model.host_needs(p):
+        for n in host_needs(p):
             have = "unknown" if p.host_cores is None else f"{p.host_cores:g}"
             peak = "unknown" if p.dram_Bps is None else f"{p.dram_Bps / 1e9:.0f}"
             share = n.dram_share_persist
@@ -432,7 +438,7 @@ def host_profile_rows(profiles: list[model.Profile]) -> tuple[list[str], list[li
     return headers, out
 
 
-def model_frame(run: Run, this: model.Profile) -> pd.DataFrame:
+def model_frame(run: Run, this: Profile) -> pd.DataFrame:
     """Predicted vs measured median stall and time to durability for every measured case (the
     columns of model_vs_measured.csv)."""
     table = stats.summary_table(run)
@@ -442,8 +448,8 @@ def model_frame(run: Run, this: model.Profile) -> pd.DataFrame:
         if t is None:
             continue
         n = int(r["n_targets"]) if t.stripes else 1
-        here = model.near(this, run, r["workload"], int(r["n_targets"]))
-        pr = model.predict(here, r["engine"], n, float(r["total_bytes"]), t, g=1)
+        here = near(this, run, r["workload"], int(r["n_targets"]))
+        pr = predict(here, r["engine"], n, float(r["total_bytes"]), t, g=1)
         rows.append(
             {
                 "workload": r["workload"],
@@ -671,10 +677,10 @@ def build(
     run = runs.load(run_dir)
     outdir = outdir or os.path.join(run_dir, "report")
     os.makedirs(outdir, exist_ok=True)
-    pdir = model.PROFILES_DIR if profiles_dir is None else Path(profiles_dir)
-    servers = model.load_profiles(pdir)
+    pdir = PROFILES_DIR if profiles_dir is None else Path(profiles_dir)
+    servers = load_profiles(pdir)
     try:
-        this: model.Profile | None = model.from_run(run)
+        this: Profile | None = from_run(run)
     except UserError:
         this = None
     profiles = servers + ([this] if this is not None else [])
@@ -704,9 +710,9 @@ def build(
 
     table = stats.summary_table(run)
     headers, rows = stats.summary_rows(table)
-    summary_text = model.text_table(headers, rows)
+    summary_text = text_table(headers, rows)
     if tr is not None:
-        summary_text += "\n\n" + model.text_table(*training.summary_rows(training.summary(tr)))
+        summary_text += "\n\n" + text_table(*training.summary_rows(training.summary(tr)))
     if not figures_only:
         csv_path = os.path.join(outdir, "summary.csv")
         table.to_csv(csv_path, index=False)
@@ -730,8 +736,8 @@ def build(
 def document(
     run: Run,
     table: pd.DataFrame,
-    this: model.Profile | None,
-    profiles: list[model.Profile],
+    this: Profile | None,
+    profiles: list[Profile],
     tr: training.TrainingRun | None = None,
 ) -> Doc:
     """The report's content."""
@@ -804,10 +810,10 @@ def document(
         "`analysis/model.py`: each GPU's checkpoint when g GPUs of a host checkpoint at once "
         "(`model.predict`); the same function gives the headline, the tables and Figures 2-4."
     )
-    d.p(model.FORMULAS_MD)
+    d.p(FORMULAS_MD)
     if this is not None:
         d.h(3, "This machine, calibrated from this run")
-        d.table(["input", "value", "kind", "source"], [list(r) for r in model.input_rows(this)])
+        d.table(["input", "value", "kind", "source"], [list(r) for r in input_rows(this)])
         for note in this.notes:
             d.p(f"Note: {note}.")
         d.h(3, "Model against measurement")
@@ -836,16 +842,16 @@ def document(
         "marked assumed. `ckptbench model PROFILE` prints each one's inputs and sources."
     )
     for p in profiles:
-        if p.name != model.THIS_MACHINE:
+        if p.name != THIS_MACHINE:
             d.p(f"**{p.name}**: {p.description}")
-            d.ul([f"{k}: {v} ({kind}; {src})" for k, v, kind, src in model.input_rows(p)])
+            d.ul([f"{k}: {v} ({kind}; {src})" for k, v, kind, src in input_rows(p)])
 
     d.h(2, "Environment")
     d.table(["", "value"], env_rows(run.env))
     return d
 
 
-def host_section(d: Doc, run: Run, profiles: list[model.Profile]) -> None:
+def host_section(d: Doc, run: Run, profiles: list[Profile]) -> None:
     """What each path costs the host: the per-engine table, Figure 9 and the servers."""
     d.h(2, "What each path costs the host")
     host = cost.has_host(run)
@@ -949,7 +955,7 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0
     os.makedirs(outdir, exist_ok=True)
     paths = figures.save(figures.training_stall(tr), outdir, "training_stall")
     table = training.summary(tr)
-    summary_text = model.text_table(*training.summary_rows(table))
+    summary_text = text_table(*training.summary_rows(table))
     if not figures_only:
         csv_path = os.path.join(outdir, "training_summary.csv")
         table.to_csv(csv_path, index=False)
@@ -965,7 +971,7 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0
 # --- many ranks at once (`ckptbench run --nproc N`) -------------------------------------------
 
 
-def contention_section(d: Doc, run: Run, this: model.Profile | None) -> None:
+def contention_section(d: Doc, run: Run, this: Profile | None) -> None:
     """Figure 7, the measured aggregate bandwidth against one rank's, and the model beside it."""
     t = contention.table(run, this)
     r = run.env.get("ranks", {})
