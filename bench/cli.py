@@ -167,9 +167,9 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from analysis import report  # matplotlib only when asked for
+    from analysis.report.build import build  # matplotlib only when asked for
 
-    rep = report.build(args.run_dir, args.output, figures_only=args.figures_only)
+    rep = build(args.run_dir, args.output, figures_only=args.figures_only)
     print(rep.summary_text)
     for note in rep.notes:
         print(f"note: {note}")

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import contention, figures, report, runs
+from analysis import contention, runs
+from analysis.figures.contention import contention as contention_figure
 from analysis.model.calibrate import from_run
 from analysis.model.predict import predict_shared
 from analysis.model.profiles import Profile
+from analysis.report.build import build
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 MULTI = FIXTURES / "20261202T173015Z-multirank-dfbdb1"
@@ -85,7 +87,7 @@ def test_notes_give_aggregate_bandwidth_against_one_rank(run: runs.Run) -> None:
 
 
 def test_contention_figure(run: runs.Run) -> None:
-    fig = figures.contention(run, from_run(run))
+    fig = contention_figure(run, from_run(run))
     (ax, bx) = fig.axes[:2]
     assert ax.get_xlabel() == bx.get_xlabel() == "ranks checkpointing at once"
     assert bx.get_ylabel() == "aggregate write (GB/s)"
@@ -102,7 +104,7 @@ def test_contention_figure(run: runs.Run) -> None:
 
 
 def test_report_has_the_contention_section(run: runs.Run, tmp_path: Path) -> None:
-    rep = report.build(str(MULTI), str(tmp_path))
+    rep = build(str(MULTI), str(tmp_path))
     names = {Path(p).name for p in rep.paths}
     assert {"contention.png", "contention.pdf", "report.md"} <= names
     md = (tmp_path / "report.md").read_text()

@@ -508,7 +508,8 @@ def test_preflight_no_space(
 def test_a_run_without_verification_reports(scratch: Path) -> None:
     """`verify: false` never compares restores: its rows are not 'unverified', so the terminal
     summary and `ckptbench report` (the same code) both show them."""
-    from analysis import report, runs
+    from analysis import runs
+    from analysis.report.build import build
 
     targets = make_targets(scratch, 1)
     raw = {
@@ -531,5 +532,5 @@ def test_a_run_without_verification_reports(scratch: Path) -> None:
     assert r.failures == 0
     run = runs.load(run_dir)
     assert len(run.ok) == 4 and "not verified" not in {k for k, v in run.excluded.items() if v}
-    rep = report.build(run_dir, str(scratch / "rep"))
+    rep = build(run_dir, str(scratch / "rep"))
     assert "torch-save" in rep.summary_text and "cpu-single" in rep.summary_text
