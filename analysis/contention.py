@@ -1,5 +1,5 @@
 """Multi-rank runs (`bench.distributed`): how ranks that checkpoint at once contend for the host's
-SSDs and memory, measured beside the model's fair share (`analysis.model.predict_shared`).
+SSDs and memory, measured beside the model's fair share (`analysis.model.predict.predict_shared`).
 
 One row per case = (workload, SSD count, mapping, ranks checkpointing at once k, engine), from the
 aggregate rows: stall = the slowest rank's stall, aggregate write bandwidth = every rank's bytes /

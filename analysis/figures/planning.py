@@ -24,7 +24,7 @@ def lost_fraction(
     run: Run | None = None,
 ) -> Figure:
     """Expected fraction of training time lost to checkpoint stalls and rework against the mean
-    time between failures, per engine, each at its own best interval (`model.plan`); with the
+    time between failures, per engine, each at its own best interval (`analysis.model.planning.plan`); with the
     run the profile was calibrated from, its footer (run id, HOST-EMULATED when it was)."""
     fig, axes = new_figure(COL1, 2.7)
     ax = axes[0][0]
