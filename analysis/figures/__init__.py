@@ -1,6 +1,6 @@
 """The report's figures, one module per family; each builds matplotlib Figure objects through
 analysis.figures.common (the house style, colours, footer, saving) and imports only the data
-it draws (analysis.runs, stats, cost, training, contention, analysis.model):
+it draws (analysis.runs, stats, cost, training, contention, scaling, analysis.model):
 
     bandwidth    Figure 1, write and restore bandwidth against tensor size
     stall        Figure 2, stall against SSD count beside the model
