@@ -20,8 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import figures, runs, stats
+from analysis import runs, stats
+from analysis.figures.common import save
+from analysis.figures.compare import compare_bandwidth
+from analysis.report.doc import Doc
 from analysis.runs import Run
+from analysis.tables import text_table
 from bench.common.errors import UserError
 
 # metric -> (column, label, higher is better)
@@ -233,8 +237,6 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def text(c: Comparison) -> str:
     """What the terminal shows."""
-    from analysis.model import text_table  # one table formatter
-
     lines = [f"{_letter(i)} = {r.run_id} ({r.path})" for i, r in enumerate(c.runs)]
     if c.forced and c.refusals:
         lines += [f"WARNING: NOT COMPARABLE, compared because of --force: {x}" for x in c.refusals]
@@ -251,12 +253,10 @@ def text(c: Comparison) -> str:
 
 def write(c: Comparison, outdir: str) -> list[str]:
     """compare.md, compare.csv and compare_bandwidth.png/pdf into outdir."""
-    from analysis.report import Doc  # report builds on compare's level
-
     os.makedirs(outdir, exist_ok=True)
     col, unit, _ = METRICS[c.metric]
-    fig = figures.compare_bandwidth(c.runs, c.table, c.metric, f"{unit}: run / A")
-    paths = figures.save(fig, outdir, "compare_bandwidth")
+    fig = compare_bandwidth(c.runs, c.table, c.metric, f"{unit}: run / A")
+    paths = save(fig, outdir, "compare_bandwidth")
     csv_path = os.path.join(outdir, "compare.csv")
     c.table.to_csv(csv_path, index=False)
     d = Doc()

@@ -1,5 +1,5 @@
 """Multi-rank runs (`bench.run.distributed`): how ranks that checkpoint at once contend for the host's
-SSDs and memory, measured beside the model's fair share (`analysis.model.predict_shared`).
+SSDs and memory, measured beside the model's fair share (`analysis.model.predict.predict_shared`).
 
 One row per case = (workload, SSD count, mapping, ranks checkpointing at once k, engine), from the
 aggregate rows: stall = the slowest rank's stall, aggregate write bandwidth = every rank's bytes /
@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import model
+from analysis.model.predict import predict_shared
+from analysis.model.profiles import Profile
 from analysis.runs import Run, engine_traits, order_engines
 
 KEY = ["workload", "n_targets", "target_map", "ranks_active", "engine"]
@@ -35,7 +36,7 @@ def _hosts_share(per_rank: pd.DataFrame) -> pd.Series:
     return c.groupby(level=list(range(len(KEY)))).max()
 
 
-def table(run: Run, prof: model.Profile | None) -> pd.DataFrame:
+def table(run: Run, prof: Profile | None) -> pd.DataFrame:
     """Measured medians per case, with the model's per-rank stall and aggregate bandwidth."""
     r = run.ranked
     agg = r[r["aggregate"]].assign(agg_GBps=lambda d: d["total_bytes"] / d["total_s"] / GB)
@@ -67,7 +68,7 @@ def table(run: Run, prof: model.Profile | None) -> pd.DataFrame:
             pred_bw.append(np.nan)
             continue
         mapping = "shared" if row["target_map"] == "shared" else "dedicated"
-        pr = model.predict_shared(
+        pr = predict_shared(
             prof,
             row["engine"],
             int(row["g"]),

@@ -66,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _preflight_table(r: object) -> int:
     """`run --preflight`: every case's verdict (bench.run.preflight), nothing run; exit 2 if no
     case fits."""
-    from analysis.model import text_table
+    from analysis.tables import text_table
     from bench.common import sizes
 
     r.run()  # type: ignore[attr-defined]
@@ -97,7 +97,7 @@ def _preflight_table(r: object) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from analysis import training as tstats
-    from analysis.model import text_table
+    from analysis.tables import text_table
     from bench.config import training
     from bench.run.training.loop import TrainingRun
 
@@ -169,9 +169,9 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from analysis import report  # matplotlib only when asked for
+    from analysis.report.build import build  # matplotlib only when asked for
 
-    rep = report.build(args.run_dir, args.output, figures_only=args.figures_only)
+    rep = build(args.run_dir, args.output, figures_only=args.figures_only)
     print(rep.summary_text)
     for note in rep.notes:
         print(f"note: {note}")
@@ -182,23 +182,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
-    from analysis import model, runs
+    from analysis import runs
+    from analysis.model.calibrate import from_run
+    from analysis.model.profiles import (
+        THIS_MACHINE,
+        is_filled_from_run,
+        load_profile,
+        with_size,
+        with_ssds,
+    )
+    from analysis.model.render import feasibility_text, plan_json, plan_text
     from bench.common.sizes import parse_size
 
     if args.from_run:
-        if not model.is_filled_from_run(args.profile):
-            raise UserError(
-                f"--from-run fills the {model.THIS_MACHINE} profile, not {args.profile!r}"
-            )
-        prof = model.from_run(runs.load(args.from_run))
+        if not is_filled_from_run(args.profile):
+            raise UserError(f"--from-run fills the {THIS_MACHINE} profile, not {args.profile!r}")
+        prof = from_run(runs.load(args.from_run))
     else:
-        prof = model.load_profile(args.profile)
+        prof = load_profile(args.profile)
     if args.size is not None:
-        prof = model.with_size(prof, parse_size(args.size, "--size"))
+        prof = with_size(prof, parse_size(args.size, "--size"))
     if args.ssds is not None:
         if args.ssds < 1:
             raise UserError(f"--ssds: must be at least 1, got {args.ssds}")
-        prof = model.with_ssds(prof, args.ssds)
+        prof = with_ssds(prof, args.ssds)
     if args.mtbf is not None:
         if not args.mtbf > 0:
             raise UserError(f"--mtbf: must be a positive number of hours, got {args.mtbf:g}")
@@ -207,14 +214,14 @@ def _cmd_model(args: argparse.Namespace) -> int:
         if args.json:
             import json
 
-            print(json.dumps(model.plan_json(prof, args.mtbf, args.restart), indent=2))
+            print(json.dumps(plan_json(prof, args.mtbf, args.restart), indent=2))
             return 0
     if args.json:
         raise UserError("--json: prints the checkpoint plan; give --mtbf HOURS too")
-    print(model.feasibility_text(prof))
+    print(feasibility_text(prof))
     if args.mtbf is not None:
         print()
-        print(model.plan_text(prof, args.mtbf, args.restart))
+        print(plan_text(prof, args.mtbf, args.restart))
     return 0
 
 

@@ -12,7 +12,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import figures, model, report, runs, stats
+from analysis import runs, stats
+from analysis.figures.bandwidth import bandwidth_vs_tensor_size
+from analysis.figures.feasibility import feasibility
+from analysis.figures.host import host_memory
+from analysis.figures.planning import lost_fraction
+from analysis.figures.stall import stall_vs_ssds
+from analysis.figures.timeline import timeline
+from analysis.model.calibrate import from_run
+from analysis.model.planning import plan
+from analysis.model.predict import stall_ratio
+from analysis.model.profiles import load_profile, load_profiles
+from analysis.report.build import Report, build
+from analysis.report.captions import FIGURES
+from analysis.report.caveats import warnings_for
+from analysis.report.model import MODEL_CSV, model_errors, model_frame, model_vs_measured
 from bench.cli import main
 from bench.common.errors import UserError
 
@@ -28,8 +42,8 @@ def run() -> runs.Run:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
-    return report.build(str(DEFAULT), str(tmp_path_factory.mktemp("report")))
+def built(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return build(str(DEFAULT), str(tmp_path_factory.mktemp("report")))
 
 
 def labelled(ax) -> list:  # a matplotlib Axes
@@ -84,10 +98,7 @@ def test_load_sets_aside_errors_and_unverified(tmp_path: Path) -> None:
     assert r.excluded == {"warm-up": 16, "error": 1, "not verified": 1}
     assert len(r.ok) == 46
     assert set(r.rows.loc[r.rows["engine"] != "gds", "gds_mode"]) == {"none"}
-    assert (
-        "Rows left out of the statistics: 1 with error, 1 with not verified."
-        in report.warnings_for(r)
-    )
+    assert "Rows left out of the statistics: 1 with error, 1 with not verified." in warnings_for(r)
 
 
 def test_load_errors(tmp_path: Path) -> None:
@@ -237,7 +248,7 @@ def test_device_ceiling_per_ssd_count() -> None:
     assert stats.device_ceiling(env, "direct_write_Bps", 4, shared=False) is None
     assert stats.device_ceiling(env, "copy_Bps", 1, shared=True) == 9e9  # one for the host
     run = runs.load(str(DEFAULT))
-    p = model.from_run(dataclasses.replace(run, env=dict(run.env, **env)))
+    p = from_run(dataclasses.replace(run, env=dict(run.env, **env)))
     assert (p.ssd_write_Bps, p.host_copy_Bps) == (2e9, 9e9)
 
 
@@ -262,7 +273,7 @@ def test_ratio_ci() -> None:
 
 
 def test_bandwidth_figure(run: runs.Run) -> None:
-    fig = figures.bandwidth_vs_tensor_size(run)
+    fig = bandwidth_vs_tensor_size(run)
     axes = fig.get_axes()
     assert len(axes) == 2
     assert [ax.get_ylabel() for ax in axes] == [
@@ -284,7 +295,7 @@ def test_bandwidth_figure(run: runs.Run) -> None:
 
 
 def test_stall_figure_has_model_beside_measurement(run: runs.Run) -> None:
-    fig = figures.stall_vs_ssds(run, model.from_run(run))
+    fig = stall_vs_ssds(run, from_run(run))
     axes = [ax for ax in fig.get_axes() if ax.get_visible()]
     assert [ax.get_title() for ax in axes] == [
         "synthetic-1GiB-4MiB (1GiB)",
@@ -303,7 +314,7 @@ def test_stall_figure_has_model_beside_measurement(run: runs.Run) -> None:
 
 
 def test_host_memory_figure(run: runs.Run) -> None:
-    fig = figures.host_memory(run)
+    fig = host_memory(run)
     ax = fig.get_axes()[0]
     assert ax.get_ylabel() == "host memory / checkpoint size (x S)"
     ticks = [t.get_text() for t in ax.get_xticklabels()]
@@ -318,8 +329,8 @@ def test_host_memory_figure(run: runs.Run) -> None:
 
 
 def test_feasibility_figure(run: runs.Run) -> None:
-    profs = [*model.load_profiles(), model.from_run(run)]
-    fig = figures.feasibility(profs, run)
+    profs = [*load_profiles(), from_run(run)]
+    fig = feasibility(profs, run)
     ax = fig.get_axes()[0]
     assert ax.get_xlabel() == "SSDs per GPU, n"
     assert ax.get_ylabel() == "GDS stall / CPU-centric stall (log scale)"
@@ -334,9 +345,7 @@ def test_feasibility_figure(run: runs.Run) -> None:
     h100 = lines[1]
     # the same function as the headline: all 8 GPUs at once, d = min(52.77, 100 / 8)
     assert h100.get_ydata()[0] == pytest.approx(12.5 / 3.8)
-    assert h100.get_ydata()[0] == pytest.approx(
-        model.stall_ratio(model.load_profile("dgx-h100-gen4"), 1)
-    )
+    assert h100.get_ydata()[0] == pytest.approx(stall_ratio(load_profile("dgx-h100-gen4"), 1))
     # break-even annotations, one per profile that breaks even within 20 SSDs
     assert sorted(t.get_text() for t in ax.texts) == ["2", "4", "4", "4"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -344,19 +353,19 @@ def test_feasibility_figure(run: runs.Run) -> None:
 
 
 def test_lost_fraction_figure_of_a_run_says_it_is_emulated(run: runs.Run) -> None:
-    this = model.from_run(run)
-    fig = figures.lost_fraction(this, run=run)
+    this = from_run(run)
+    fig = lost_fraction(this, run=run)
     ax = fig.get_axes()[0]
     assert ax.get_xlabel() == "mean time between failures (hours, log scale)"
-    assert [ln.get_label() for ln in labelled(ax)] == [pl.engine for pl in model.plan(this, 3600)]
+    assert [ln.get_label() for ln in labelled(ax)] == [pl.engine for pl in plan(this, 3600)]
     assert f"run {run.run_id}" in fig.get_supxlabel()
     assert "HOST-EMULATED" in fig.get_supxlabel()
     # A profile alone (`ckptbench model`) is a model, not a run: no run footer.
-    assert fig.get_supxlabel() != figures.lost_fraction(this).get_supxlabel()
+    assert fig.get_supxlabel() != lost_fraction(this).get_supxlabel()
 
 
 def test_timeline_figure(run: runs.Run) -> None:
-    fig = figures.timeline(run)
+    fig = timeline(run)
     ax = fig.get_axes()[0]
     assert ax.get_xlabel() == "time from save() (s)"
     assert [t.get_text() for t in ax.get_yticklabels()] == [
@@ -393,7 +402,7 @@ def test_timeline_figure(run: runs.Run) -> None:
 def test_compat_rows_are_labelled(tmp_path: Path) -> None:
     r = runs.load(compat_copy(tmp_path))
     assert not r.emulated
-    fig = figures.bandwidth_vs_tensor_size(r)
+    fig = bandwidth_vs_tensor_size(r)
     got = [ln.get_label() for ln in labelled(fig.get_axes()[0])]
     assert got == ["gds [compat]", "cpu-single", "cpu-double", "torch-save", "dcp"]
     assert "NOT GPUDirect Storage" in fig.get_supxlabel()
@@ -402,16 +411,16 @@ def test_compat_rows_are_labelled(tmp_path: Path) -> None:
     assert {row[3] for row in rows if row[2] != "gds"} == {"-"}
     assert (
         "gds rows marked compat ran in kvikio compat mode: NOT GPUDirect Storage."
-        in report.warnings_for(r)
+        in warnings_for(r)
     )
 
 
 # --- the report ----------------------------------------------------------------------------
 
 
-def test_report_writes_every_file(built: report.Report) -> None:
+def test_report_writes_every_file(built: Report) -> None:
     out = Path(built.outdir)
-    for stem in figures.FIGURES:
+    for stem in FIGURES:
         assert (out / f"{stem}.png").stat().st_size > 10_000
         assert (out / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
     for name in ("summary.csv", "report.md", "report.html"):
@@ -421,7 +430,7 @@ def test_report_writes_every_file(built: report.Report) -> None:
     assert built.seconds < 30
 
 
-def test_report_md_content(built: report.Report) -> None:
+def test_report_md_content(built: Report) -> None:
     md = (Path(built.outdir) / "report.md").read_text()
     assert md.startswith("# ckptbench report: 20261202T160516Z-default-b10c3b\n")
     assert "> **HOST-EMULATED run (no GPU)" in md
@@ -440,7 +449,7 @@ def test_report_md_content(built: report.Report) -> None:
         "| synthetic-1GiB-256MiB | 1 | cpu-single | EMULATED | 3 | 2.58 | 0.10 | 0.0911 | "
         "0.007 | 0.416 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |"
     ) in md
-    for stem in figures.FIGURES:
+    for stem in FIGURES:
         assert f"({stem}.png)" in md
     assert "| gds (from device) | W_g | S / min(L, r) | = stall | 0 |" in md
     assert "### Model against measurement" in md
@@ -449,7 +458,7 @@ def test_report_md_content(built: report.Report) -> None:
     assert "<table>" in html and "src='feasibility.png'" in html
 
 
-def test_report_summary_csv_matches_table(built: report.Report, run: runs.Run) -> None:
+def test_report_summary_csv_matches_table(built: Report, run: runs.Run) -> None:
     csv = pd.read_csv(Path(built.outdir) / "summary.csv")
     pd.testing.assert_frame_equal(
         csv[["workload", "n_targets", "engine", "n"]],
@@ -460,9 +469,9 @@ def test_report_summary_csv_matches_table(built: report.Report, run: runs.Run) -
 
 
 def test_model_vs_measured_rows(run: runs.Run) -> None:
-    this = model.from_run(run)
-    frame = report.model_frame(run, this)
-    assert list(frame[report.MODEL_CSV].columns) == [
+    this = from_run(run)
+    frame = model_frame(run, this)
+    assert list(frame[MODEL_CSV].columns) == [
         "workload",
         "n_targets",
         "engine",
@@ -471,7 +480,7 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
         "durable_model_s",
         "durable_measured_s",
     ]
-    headers, rows = report.model_vs_measured(frame)
+    headers, rows = model_vs_measured(frame)
     assert headers[4:7] == ["stall s: model", "measured", "error %"]
     assert len(rows) == 16
     cs = next(r for r in rows if r[:3] == ["synthetic-1GiB-256MiB", "1", "cpu-single"])
@@ -479,19 +488,19 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
     assert cs[4] == stats.fmt(predicted)
     assert cs[6] == f"{100 * (predicted - 0.091066) / 0.091066:+.0f}"
     # A restore that found its checkpoint partly cached is said, loudly.
-    assert not any("page cache" in w for w in report.warnings_for(run))
+    assert not any("page cache" in w for w in warnings_for(run))
     resident = run.ok.copy()
     resident.loc[resident.index[:2], "restore_resident_bytes"] = [4096, 3 << 20]
-    said = report.warnings_for(dataclasses.replace(run, ok=resident))
+    said = warnings_for(dataclasses.replace(run, ok=resident))
     assert "1 restore(s) began with more than 0.1 % of the checkpoint still in the page " in (
         " ".join(said)
     )  # one page of a 1 GiB checkpoint is not worth a word; 3 MiB is
     assert "3.0 MiB" in " ".join(said)
     # No engine the model knows: an empty table with the same columns, not a KeyError.
     unknown = dataclasses.replace(run, ok=run.ok.assign(engine="mystery"))
-    empty = report.model_frame(unknown, this)
-    assert empty.empty and list(empty[report.MODEL_CSV].columns) == report.MODEL_CSV
-    assert report.model_errors(empty).empty
+    empty = model_frame(unknown, this)
+    assert empty.empty and list(empty[MODEL_CSV].columns) == MODEL_CSV
+    assert model_errors(empty).empty
 
 
 def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -500,9 +509,78 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "wrote 14 files" in out  # the five figures, Figures 8 and 9, PNG and PDF
     assert "note: HOST-EMULATED run" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{s}.{e}" for s in (*figures.FIGURES, "lost_fraction", "host_cpu") for e in ("png", "pdf")
+        f"{s}.{e}" for s in (*FIGURES, "lost_fraction", "host_cpu") for e in ("png", "pdf")
     )
     assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ckptbench: error: ") and "no such run directory" in err
     assert err.count("\n") == 1
+
+
+# --- the layout -----------------------------------------------------------------------------
+
+# analysis' modules from the ground up: each may import only those of an earlier layer (every
+# import counts, a function's own included), so that a reader finds each job by its name and
+# nothing imports in circles. A new module joins the layer its imports put it in.
+LAYERS = [
+    ["tables", "runs"],
+    ["stats", "cost", "scaling"],
+    ["training", "model.profiles"],
+    ["model.predict"],
+    ["model.host", "model.planning", "model.calibrate"],
+    ["model.render", "contention"],
+    ["summary", "figures.common"],
+    ["figures.*", "report.doc", "report.captions"],
+    ["report.host", "report.caveats", "report.summary", "report.model", "report.environment"]
+    + ["report.training", "report.contention", "report.scaling"],
+    ["report.answer", "compare"],
+    ["report.build"],
+]
+
+
+def _analysis_imports() -> dict[str, set[str]]:
+    """Every module of analysis/ (dotted, without `analysis.`) and the analysis modules it
+    imports anywhere in its file."""
+    import ast
+
+    root = Path(__file__).parent.parent / "analysis"
+    out: dict[str, set[str]] = {}
+    for f in sorted(root.rglob("*.py")):
+        parts = f.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("analysis"):
+                if node.module == "analysis":
+                    deps |= {a.name for a in node.names}
+                else:
+                    deps.add(node.module.removeprefix("analysis."))
+            elif isinstance(node, ast.Import):
+                deps |= {
+                    a.name.removeprefix("analysis").removeprefix(".")
+                    for a in node.names
+                    if a.name == "analysis" or a.name.startswith("analysis.")
+                }
+        out[name] = deps - {name}
+    return out
+
+
+def test_analysis_imports_run_one_way() -> None:
+    imports = _analysis_imports()
+
+    def layer(module: str) -> int:
+        for i, names in enumerate(LAYERS):
+            if module in names or (module.startswith("figures.") and "figures.*" in names):
+                return i
+        raise AssertionError(f"analysis.{module} is in no layer of LAYERS: add it")
+
+    packages = {"", "model", "figures", "report"}  # their __init__ holds a docstring only
+    upward = [
+        f"analysis.{m} imports analysis.{d}"
+        for m, deps in imports.items()
+        if m not in packages
+        for d in deps
+        if d in packages or layer(d) >= layer(m)
+    ]
+    assert upward == []
+    assert all(not imports[p] for p in packages if p in imports)

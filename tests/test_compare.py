@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import compare, figures
+from analysis import compare
+from analysis.figures.compare import compare_bandwidth
 from bench.cli import main
 from bench.common.errors import UserError
 
@@ -137,7 +138,7 @@ def test_write_files_and_figure(ab: compare.Comparison, tmp_path: Path) -> None:
     assert "Host-emulated rows (no GPU)" in md
     assert "| B | gds | synthetic-64MiB-16MiB | 1 | EMULATED | EMULATED | 5 | 5 |" in md
     assert "not significant" in md
-    fig = figures.compare_bandwidth(ab.runs, ab.table, ab.metric, "write GB/s: run / A")
+    fig = compare_bandwidth(ab.runs, ab.table, ab.metric, "write GB/s: run / A")
     ax, bx = fig.get_axes()
     assert ax.get_ylabel() == "write bandwidth to durability (GB/s)"
     labels = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]

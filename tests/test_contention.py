@@ -10,7 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import contention, figures, model, report, runs
+from analysis import contention, runs
+from analysis.figures.contention import contention as contention_figure
+from analysis.model.calibrate import from_run
+from analysis.model.predict import predict_shared
+from analysis.model.profiles import Profile
+from analysis.report.build import build
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 MULTI = FIXTURES / "20261202T173015Z-multirank-dfbdb1"
@@ -42,7 +47,7 @@ def test_runs_without_rank_columns_read_as_rank_0_of_1() -> None:
 
 
 def test_table_medians_from_aggregate_rows(run: runs.Run) -> None:
-    prof = model.from_run(run)
+    prof = from_run(run)
     t = contention.table(run, prof)
     assert len(t) == 2 * 5
     row = t[
@@ -82,7 +87,7 @@ def test_notes_give_aggregate_bandwidth_against_one_rank(run: runs.Run) -> None:
 
 
 def test_contention_figure(run: runs.Run) -> None:
-    fig = figures.contention(run, model.from_run(run))
+    fig = contention_figure(run, from_run(run))
     (ax, bx) = fig.axes[:2]
     assert ax.get_xlabel() == bx.get_xlabel() == "ranks checkpointing at once"
     assert bx.get_ylabel() == "aggregate write (GB/s)"
@@ -99,7 +104,7 @@ def test_contention_figure(run: runs.Run) -> None:
 
 
 def test_report_has_the_contention_section(run: runs.Run, tmp_path: Path) -> None:
-    rep = report.build(str(MULTI), str(tmp_path))
+    rep = build(str(MULTI), str(tmp_path))
     names = {Path(p).name for p in rep.paths}
     assert {"contention.png", "contention.pdf", "report.md"} <= names
     md = (tmp_path / "report.md").read_text()
@@ -110,7 +115,7 @@ def test_report_has_the_contention_section(run: runs.Run, tmp_path: Path) -> Non
 
 def test_predict_shared_by_hand() -> None:
     # b 10, C 20 GB/s; w 2 GB/s, 4 SSDs on the host; shard 8 GB
-    p = model.Profile(
+    p = Profile(
         "t",
         "",
         d2h_Bps=10e9,
@@ -121,23 +126,23 @@ def test_predict_shared_by_hand() -> None:
         size_bytes=8 * 10**9,
     )
     assert (p.host_gpus, p.host_ssds) == (4, 4)
-    one = model.predict_shared(p, "gds", 1, 4)
+    one = predict_shared(p, "gds", 1, 4)
     assert one.stall_s == pytest.approx(8 / 8)  # S / min(L, 4 w)
-    four = model.predict_shared(p, "gds", 4, 4)
+    four = predict_shared(p, "gds", 4, 4)
     assert four.stall_s == pytest.approx(8 / 2)  # W_r = 8 / 4
-    cs = model.predict_shared(p, "cpu-single", 4, 4)
+    cs = predict_shared(p, "cpu-single", 4, 4)
     assert cs.stall_s == pytest.approx(8 / 5)  # min(b, C / 4) = 5
     assert cs.durable_s == pytest.approx(8 / 5 + 8 / 2)
-    cd = model.predict_shared(p, "cpu-double", 4, 4)
+    cd = predict_shared(p, "cpu-double", 4, 4)
     assert cd.durable_s == pytest.approx(8 / 5 + 8 / min(5, 2))
-    ts = model.predict_shared(p, "torch-save", 4, 4)  # every first target is SSD 0: w / 4
+    ts = predict_shared(p, "torch-save", 4, 4)  # every first target is SSD 0: w / 4
     assert ts.stall_s == pytest.approx(8 / 5 + 8 / 0.5)
-    td = model.predict_shared(p, "torch-save", 4, 4, mapping="dedicated")  # one SSD each
+    td = predict_shared(p, "torch-save", 4, 4, mapping="dedicated")  # one SSD each
     assert td.stall_s == pytest.approx(8 / 5 + 8 / 2)
-    shared_dev = model.Profile("t", "", 10e9, 2e9, 1, 4, 20e9, 8 * 10**9, shared_device=True)
-    assert model.predict_shared(shared_dev, "gds", 4, 4).stall_s == pytest.approx(8 / 0.5)
+    shared_dev = Profile("t", "", 10e9, 2e9, 1, 4, 20e9, 8 * 10**9, shared_device=True)
+    assert predict_shared(shared_dev, "gds", 4, 4).stall_s == pytest.approx(8 / 0.5)
     with pytest.raises(Exception, match="ranks must be at least 1"):
-        model.predict_shared(p, "gds", 0)
+        predict_shared(p, "gds", 0)
 
 
 def test_cli_model_prints_the_sharing_table(capsys: pytest.CaptureFixture[str]) -> None:

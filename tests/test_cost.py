@@ -17,7 +17,12 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from analysis import cost, model, report, runs
+from analysis import cost, runs
+from analysis.model.calibrate import from_run
+from analysis.model.host import host_need
+from analysis.model.profiles import load_profiles, reference_cpu_cost
+from analysis.report.build import build
+from analysis.report.host import host_answer, with_run_cost
 from bench.common.traits import BUILTIN
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
@@ -119,11 +124,11 @@ def test_a_run_before_the_host_columns_reports_its_process_figure() -> None:
     assert t["host_cpu_s_per_GB"].isna().all()
     assert (t["process_cpu_s_per_GB"] > 0).all()
     assert {e: w for e, (_, _, w) in cost.cpu_cost(old).items()} == {e: "process" for e in t.index}
-    assert "no host figure in this run" in report.host_answer(old, [])
+    assert "no host figure in this run" in host_answer(old, [])
 
 
 def test_report_section_and_figure(run: runs.Run, tmp_path: Path) -> None:
-    built = report.build(str(HOST), str(tmp_path))
+    built = build(str(HOST), str(tmp_path))
     md = (tmp_path / "report.md").read_text()
     assert "## What each path costs the host" in md
     assert (tmp_path / "host_cpu.png").stat().st_size > 10_000
@@ -144,13 +149,13 @@ def test_report_section_and_figure(run: runs.Run, tmp_path: Path) -> None:
     assert "nd-h200-v5: unknown for cpu-single" in line
     # the verdicts charge this run's CPU cost, not the reference file's
     assert "| dgx-h100-gen4 | cpu-double | " in md
-    need = model.host_need(report.with_run_cost(model.load_profiles(), run)[1], "cpu-double")
+    need = host_need(with_run_cost(load_profiles(), run)[1], "cpu-double")
     assert f"| dgx-h100-gen4 | cpu-double | {need.host_cores:.1f} (112) |" in md
     assert need.cpu_s_per_GB == pytest.approx(cd["host_cpu_s_per_GB"])
 
 
 def test_this_machine_takes_its_host_from_the_run(run: runs.Run) -> None:
-    p = model.from_run(run)
+    p = from_run(run)
     assert p.host_cores == run.env["cpu"]["logical_cores"] == 2
     copy = float(
         np.mean([np.median(run.env[k]["copy_runs"]) for k in ("ceilings", "ceilings_after")])
@@ -162,10 +167,10 @@ def test_this_machine_takes_its_host_from_the_run(run: runs.Run) -> None:
         cost.table(run).set_index("engine").loc["cpu-double", "host_cpu_s_per_GB"]
     )
     # more DRAM traffic than the run saw the host move is not "cannot afford": not known
-    n = model.host_need(p, "cpu-double")
+    n = host_need(p, "cpu-double")
     assert n.dram_Bps > p.dram_Bps
     assert n.verdict.startswith("unknown: ") and "more than the" in n.verdict
-    assert model.host_need(
+    assert host_need(
         dataclasses.replace(p, dram_lower_bound=False), "cpu-double"
     ).verdict.startswith("cannot afford")
     assert not math.isnan(n.cpu_s_per_GB or math.nan)
@@ -181,7 +186,7 @@ def test_cpu_cost_script_writes_what_the_model_reads(tmp_path: Path) -> None:
     ).stdout
     (tmp_path / "cpu-cost").mkdir()
     (tmp_path / "cpu-cost" / "reference.yaml").write_text(out)
-    rows, source = model.reference_cpu_cost(tmp_path)
+    rows, source = reference_cpu_cost(tmp_path)
     got = {e: (t, p) for e, t, p in rows}
     t = cost.table(runs.load(str(HOST))).set_index("engine")
     assert got["dcp"][0] == pytest.approx(t.loc["dcp", "host_cpu_s_per_GB"], abs=1e-4)
@@ -202,9 +207,9 @@ def test_the_report_judges_the_servers_with_the_runs_own_cpu_cost(run: runs.Run)
     for c in ("host_cpu_s", "stall_host_cpu_s", "cpu_user_s", "cpu_sys_s", "stall_cpu_s"):
         ok[c] = ok[c] * 100
     slow = dataclasses.replace(run, ok=ok)
-    servers = model.load_profiles()
-    judged = report.with_run_cost(servers, slow)
+    servers = load_profiles()
+    judged = with_run_cost(servers, slow)
     assert all(slow.run_id in p.cpu_cost_source for p in judged)
-    line = report.host_answer(slow, servers)
+    line = host_answer(slow, servers)
     assert "dgx-h100-gen4: cannot afford gds, cpu-single, cpu-double, torch-save, dcp" in line
-    assert "dgx-h100-gen4: affords every path" in report.host_answer(run, servers)
+    assert "dgx-h100-gen4: affords every path" in host_answer(run, servers)

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from conftest import QUICK_CEILINGS
 
-from analysis import report, runs
+from analysis import runs
+from analysis.report.caveats import warnings_for
 from bench.common import devices
 from bench.common.errors import UserError
 from bench.config import sweep as config
@@ -215,7 +216,7 @@ def test_sigint_keeps_rows_removes_the_case_and_resume_finishes(scratch):
     kept = pd.read_csv(csv)
     assert 3 <= len(kept) < 18 and kept["verified"].all()
     # Its report says loudly that it is a part of a run.
-    said = report.warnings_for(runs.load(str(csv.parent)))
+    said = warnings_for(runs.load(str(csv.parent)))
     assert f"This run did not finish: {len(kept)} of 18 saves recorded" in said[0]
     # The case in flight left nothing behind on the targets.
     assert [f for f in (scratch / "tg").rglob("*") if f.is_file()] == []

@@ -12,7 +12,29 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from analysis import model, runs
+from analysis import runs
+from analysis.model.calibrate import from_run, near
+from analysis.model.host import host_need
+from analysis.model.planning import plan
+from analysis.model.predict import (
+    ENGINES,
+    break_even,
+    break_even_ssds,
+    predict,
+    predict_all,
+    stall_ratio,
+    traits_of,
+)
+from analysis.model.profiles import (
+    PROFILES_DIR,
+    REQUIRED_INPUTS,
+    Profile,
+    load_profile,
+    load_profiles,
+    profile_names,
+    reference_cpu_cost,
+)
+from analysis.model.render import describe_break_even, input_rows
 from bench.cli import main
 from bench.common.errors import UserError
 
@@ -22,7 +44,7 @@ GB = 1e9
 HOST_KEYS = ("host_cores", "dram_GBps")
 
 
-def prof(**kw: float) -> model.Profile:
+def prof(**kw: float) -> Profile:
     """b = 50 GB/s, w = 5 GB/s, g = 2, C = 20 GB/s (c = 10 GB/s), S = 100 GB, unless given."""
     base = dict(
         name="t",
@@ -35,14 +57,14 @@ def prof(**kw: float) -> model.Profile:
         size_bytes=int(100 * GB),
     )
     base.update(kw)
-    return model.Profile(**base)  # type: ignore[arg-type]
+    return Profile(**base)  # type: ignore[arg-type]
 
 
 def test_formulas_by_hand_two_ssds_two_gpus() -> None:
     """g = 2 GPUs at once (the profile's), 2 SSDs each: m = 4 SSDs, W_g = 20 / 2 = 10,
     d = min(b = 50, C / g = 10) = 10 GB/s."""
     p = prof()
-    got = {pr.engine: pr for pr in model.predict_all(p, 2)}
+    got = {pr.engine: pr for pr in predict_all(p, 2)}
     # gds: S / min(L = 50, W_g = 10)
     assert got["gds"].stall_s == pytest.approx(10.0)
     assert got["gds"].durable_s == pytest.approx(10.0)
@@ -68,12 +90,12 @@ def test_formulas_by_hand_two_ssds_two_gpus() -> None:
 def test_one_gpu_alone_gets_the_whole_host() -> None:
     p = prof()
     # g = 1 over 2 SSDs: d = min(50, 20) = 20, W = 10
-    assert model.predict(p, "cpu-single", 2, g=1).stall_s == pytest.approx(5.0)
-    assert model.predict(p, "cpu-single", 2, g=1).durable_s == pytest.approx(15.0)
-    assert model.predict(p, "gds", 2, g=1).stall_s == pytest.approx(10.0)
+    assert predict(p, "cpu-single", 2, g=1).stall_s == pytest.approx(5.0)
+    assert predict(p, "cpu-single", 2, g=1).durable_s == pytest.approx(15.0)
+    assert predict(p, "gds", 2, g=1).stall_s == pytest.approx(10.0)
     # the page-cache path: min(P(1) = 5, C = 20); dedicated targets give the first SSD alone
-    assert model.predict(p, "torch-save", 2, g=1).stall_s == pytest.approx(5 + 20)
-    assert model.predict(p, "dcp", 4, g=2, mapping="dedicated").durable_s == pytest.approx(10 + 20)
+    assert predict(p, "torch-save", 2, g=1).stall_s == pytest.approx(5 + 20)
+    assert predict(p, "dcp", 4, g=2, mapping="dedicated").durable_s == pytest.approx(10 + 20)
 
 
 def test_measured_storage_and_serialisation_replace_the_per_ssd_figures() -> None:
@@ -83,59 +105,57 @@ def test_measured_storage_and_serialisation_replace_the_per_ssd_figures() -> Non
         buffered_by_n=((1, 1 * GB), (4, 1.5 * GB)),
         serialize_Bps=0.5 * GB,
     )
-    assert model.predict(p, "cpu-single", 4).durable_s == pytest.approx(100 / 20 + 100 / 3)
-    assert model.predict(p, "cpu-double", 4).durable_s == pytest.approx(100 / 20 + 100 / 1.5)
-    assert model.predict(p, "gds", 1).stall_s == pytest.approx(100 / 2)
+    assert predict(p, "cpu-single", 4).durable_s == pytest.approx(100 / 20 + 100 / 3)
+    assert predict(p, "cpu-double", 4).durable_s == pytest.approx(100 / 20 + 100 / 1.5)
+    assert predict(p, "gds", 1).stall_s == pytest.approx(100 / 2)
     # torch.save: serialises (z = 0.5), then writes into the page cache (P(1) = 1), one after
     # the other
-    assert model.predict(p, "torch-save", 1).stall_s == pytest.approx(
-        100 / 20 + 100 / 1 + 100 / 0.5
-    )
+    assert predict(p, "torch-save", 1).stall_s == pytest.approx(100 / 20 + 100 / 1 + 100 / 0.5)
 
 
 def test_host_copy_bounds_cpu_double_when_slower_than_ssds() -> None:
     # C = 8 GB/s shared by 2 GPUs: c = 4 GB/s < W_g = W(4) / 2 = 10 GB/s; d = 4 GB/s too
     p = prof(host_copy_Bps=8 * GB)
-    assert model.predict(p, "cpu-double", 4).durable_s == pytest.approx(100 / 4 + 100 / 4)
-    assert model.predict(p, "cpu-single", 4).durable_s == pytest.approx(100 / 4 + 100 / 10)
+    assert predict(p, "cpu-double", 4).durable_s == pytest.approx(100 / 4 + 100 / 4)
+    assert predict(p, "cpu-single", 4).durable_s == pytest.approx(100 / 4 + 100 / 10)
 
 
 def test_stall_ratio_and_break_even_by_hand() -> None:
     p = prof()  # d = min(50, 20 / 2) = 10, w = 5
-    assert model.stall_ratio(p, 1) == pytest.approx(2.0)
-    assert model.stall_ratio(p, 2) == pytest.approx(1.0)
-    np.testing.assert_allclose(model.stall_ratio(p, [1, 4, 20]), [2.0, 0.5, 0.2])  # L = 50 caps
-    assert model.break_even(p) == pytest.approx(2.0)
-    assert model.break_even_ssds(p) == 2
+    assert stall_ratio(p, 1) == pytest.approx(2.0)
+    assert stall_ratio(p, 2) == pytest.approx(1.0)
+    np.testing.assert_allclose(stall_ratio(p, [1, 4, 20]), [2.0, 0.5, 0.2])  # L = 50 caps
+    assert break_even(p) == pytest.approx(2.0)
+    assert break_even_ssds(p) == 2
     # one GPU alone has the host's whole intake: d = 20
-    assert model.stall_ratio(p, 1, g=1) == pytest.approx(4.0)
-    assert model.break_even(p, g=1) == pytest.approx(4.0)
+    assert stall_ratio(p, 1, g=1) == pytest.approx(4.0)
+    assert break_even(p, g=1) == pytest.approx(4.0)
     # GDS stall equals the CPU-centric stall exactly at the break-even
-    n = model.break_even_ssds(p)
+    n = break_even_ssds(p)
     g = p.gpus_sharing_host
-    assert model.predict(p, "gds", n * g).stall_s == pytest.approx(
-        model.predict(p, "cpu-single", n * g).stall_s
+    assert predict(p, "gds", n * g).stall_s == pytest.approx(
+        predict(p, "cpu-single", n * g).stall_s
     )
 
 
 def test_break_even_rounds_up_and_is_consistent() -> None:
     p = prof(d2h_Bps=52.77 * GB, ssd_write_Bps=3.8 * GB, gpus_sharing_host=1, host_copy_Bps=1e12)
-    assert model.break_even(p) == pytest.approx(52.77 / 3.8)
-    assert model.break_even_ssds(p) == 14
-    assert model.stall_ratio(p, 13) > 1 >= model.stall_ratio(p, 14)
+    assert break_even(p) == pytest.approx(52.77 / 3.8)
+    assert break_even_ssds(p) == 14
+    assert stall_ratio(p, 13) > 1 >= stall_ratio(p, 14)
 
 
 def test_break_even_never_when_link_is_slower_or_device_shared() -> None:
     slow_link = prof(link_Bps=5 * GB)  # L = 5 < d = 10
-    assert math.isinf(model.break_even(slow_link))
-    assert model.break_even_ssds(slow_link) is None
-    assert model.stall_ratio(slow_link, 100) == pytest.approx(10 / 5)
+    assert math.isinf(break_even(slow_link))
+    assert break_even_ssds(slow_link) is None
+    assert stall_ratio(slow_link, 100) == pytest.approx(10 / 5)
     shared = prof(shared_device=True)
-    assert math.isinf(model.break_even(shared))
-    assert model.stall_ratio(shared, 8) == pytest.approx(10 / 2.5)  # adding targets adds nothing
-    assert model.predict(shared, "cpu-single", 4).durable_s == pytest.approx(10 + 100 / 2.5)
+    assert math.isinf(break_even(shared))
+    assert stall_ratio(shared, 8) == pytest.approx(10 / 2.5)  # adding targets adds nothing
+    assert predict(shared, "cpu-single", 4).durable_s == pytest.approx(10 + 100 / 2.5)
     fast_disk = prof(shared_device=True, ssd_write_Bps=60 * GB)
-    assert model.break_even_ssds(fast_disk) == 1
+    assert break_even_ssds(fast_disk) == 1
 
 
 def test_break_even_from_measured_target_counts_on_separate_devices() -> None:
@@ -143,48 +163,46 @@ def test_break_even_from_measured_target_counts_on_separate_devices() -> None:
     the fewest measured count where GDS stalls no longer, not "never, one shared device"."""
     measured = ((1, 3 * GB), (2, 6 * GB), (4, 12 * GB))  # d = min(b, C/g) = 10 GB/s
     p = prof(gpus_sharing_host=1, d2h_Bps=10 * GB, direct_by_n=measured)
-    assert model.stall_ratio(p, 2) > 1 >= model.stall_ratio(p, 4)
-    assert model.break_even(p) == 4.0 and model.break_even_ssds(p) == 4
-    said = model.describe_break_even(p)
+    assert stall_ratio(p, 2) > 1 >= stall_ratio(p, 4)
+    assert break_even(p) == 4.0 and break_even_ssds(p) == 4
+    said = describe_break_even(p)
     assert said.startswith("break-even: 4 SSDs per GPU (the fewest measured target count")
     short = prof(gpus_sharing_host=1, d2h_Bps=10 * GB, direct_by_n=measured[:2])
-    assert math.isinf(model.break_even(short))
+    assert math.isinf(break_even(short))
     assert "not within the measured target counts (W(2) = 6.00 GB/s < d = 10.00 GB/s)" in (
-        model.describe_break_even(short)
+        describe_break_even(short)
     )
     shared = prof(gpus_sharing_host=1, d2h_Bps=10 * GB, direct_by_n=measured, shared_device=True)
-    assert math.isinf(model.break_even(shared))
-    assert "all targets share one device" in model.describe_break_even(shared)
+    assert math.isinf(break_even(shared))
+    assert "all targets share one device" in describe_break_even(shared)
 
 
 def test_checkpoint_plan_is_young_daly_held_back_to_the_persist_time() -> None:
     p = prof(gpus_sharing_host=1)
     m = 10 * 3600
-    plans = {pl.engine: pl for pl in model.plan(p, m)}
+    plans = {pl.engine: pl for pl in plan(p, m)}
     gds = plans["gds"]  # delta = 10 s (S / W(1) = 100 / 5 / ... with g = 1: min(L, 5))
-    delta = model.predict(p, "gds").stall_s
+    delta = predict(p, "gds").stall_s
     x = delta / (2 * m)
     tau = math.sqrt(2 * delta * m) * (1 + math.sqrt(x) / 3 + x / 9) - delta
     assert gds.interval_s == pytest.approx(tau)
     assert gds.lost_fraction == pytest.approx(delta / (tau + delta) + tau / 2 / m)
     cs = plans["cpu-single"]
-    pr = model.predict(p, "cpu-single")
+    pr = predict(p, "cpu-single")
     lag = pr.durable_s - pr.stall_s
     assert cs.stall_s == pytest.approx(pr.stall_s) and cs.interval_s >= lag
     assert cs.lost_fraction == pytest.approx(
         pr.stall_s / (cs.interval_s + pr.stall_s) + (cs.interval_s / 2 + lag) / m
     )
     # a path whose persist outlasts the optimum is held back to it
-    slow = {
-        pl.engine: pl for pl in model.plan(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), 3600)
-    }
+    slow = {pl.engine: pl for pl in plan(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), 3600)}
     assert slow["cpu-single"].limited_by_persist
     assert slow["cpu-single"].interval_s == pytest.approx(
-        model.predict(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), "cpu-single").durable_s
-        - model.predict(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), "cpu-single").stall_s
+        predict(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), "cpu-single").durable_s
+        - predict(prof(gpus_sharing_host=1, ssd_write_Bps=0.01 * GB), "cpu-single").stall_s
     )
     with pytest.raises(UserError, match="--mtbf must be positive"):
-        model.plan(p, 0)
+        plan(p, 0)
 
 
 @pytest.mark.parametrize(
@@ -200,12 +218,12 @@ def test_checkpoint_plan_is_young_daly_held_back_to_the_persist_time() -> None:
 def test_profiles_quote_the_reference_figures(
     name: str, b: float, w: float, n: int, break_even: int
 ) -> None:
-    p = model.load_profile(name)
+    p = load_profile(name)
     assert p.d2h_Bps == pytest.approx(b * GB)
     assert p.ssd_write_Bps == pytest.approx(w * GB)
     assert p.ssds_per_gpu == n
-    assert model.break_even_ssds(p) == break_even
-    assert set(p.sources) >= set(model.REQUIRED_INPUTS)
+    assert break_even_ssds(p) == break_even
+    assert set(p.sources) >= set(REQUIRED_INPUTS)
     for key, (kind, source) in p.sources.items():
         if key in HOST_KEYS:  # public figures of their own: test_host_figures_cite_their_source
             continue
@@ -217,32 +235,32 @@ def test_profiles_quote_the_reference_figures(
 
 
 def test_load_profiles_skips_the_run_placeholder() -> None:
-    names = [p.name for p in model.load_profiles()]
+    names = [p.name for p in load_profiles()]
     assert names == ["a100-gen4", "dgx-h100-gen4", "dgx-h100-gen5", "nd-h200-v5"]
-    assert "this-machine" in model.profile_names()
+    assert "this-machine" in profile_names()
 
 
 def test_profile_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="unknown hardware profile 'nope' \\(known: a100-gen4"):
-        model.load_profile("nope")
+        load_profile("nope")
     with pytest.raises(
         UserError, match="filled from a measured run: ckptbench model this-machine --from-run"
     ):
-        model.load_profile("this-machine")
+        load_profile("this-machine")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndescription: y\nd2h_gbps: {value: 1, kind: measured, source: s}\n")
     with pytest.raises(UserError, match="bad.yaml: d2h_gbps: unknown key"):
-        model.load_profile(str(bad))
-    src = (model.PROFILES_DIR / "dgx-h100-gen4.yaml").read_text()
+        load_profile(str(bad))
+    src = (PROFILES_DIR / "dgx-h100-gen4.yaml").read_text()
     neg = tmp_path / "neg.yaml"
     neg.write_text(src.replace("value: 52.77", "value: -1"))
     with pytest.raises(UserError, match="d2h_GBps.value: must be positive"):
-        model.load_profile(str(neg))
+        load_profile(str(neg))
 
 
 def test_from_run_calibrates_from_cpu_single_medians() -> None:
     run = runs.load(str(DEFAULT))
-    p = model.from_run(run)
+    p = from_run(run)
     cs = run.rows[(run.rows["engine"] == "cpu-single") & ~run.rows["warmup"]]
     snap = float(np.median(cs["total_bytes"] / cs["stall_s"]))
     one = cs[cs["n_targets"] == 1]
@@ -256,7 +274,7 @@ def test_from_run_calibrates_from_cpu_single_medians() -> None:
     assert p.shared_device is True  # env.json: all targets on vda
     assert p.size_bytes == 1 << 30
     assert "cpu-single" in p.sources["d2h_GBps"][1]
-    assert math.isinf(model.break_even(p))
+    assert math.isinf(break_even(p))
 
 
 def test_from_run_prefers_env_ceilings() -> None:
@@ -264,7 +282,7 @@ def test_from_run_prefers_env_ceilings() -> None:
     env = dict(
         run.env, ceilings={"d2h_Bps": 20e9, "copy_Bps": 15e9, "direct_write_Bps": [2e9, 2e9]}
     )
-    p = model.from_run(dataclasses.replace(run, env=env))
+    p = from_run(dataclasses.replace(run, env=env))
     assert (p.d2h_Bps, p.host_copy_Bps, p.ssd_write_Bps) == (20e9, 15e9, 2e9)
     assert "ceilings" in p.sources["d2h_GBps"][1]
 
@@ -277,7 +295,7 @@ def test_from_run_without_a_write_or_copy_ceiling_falls_back_on_the_rows() -> No
         {"copy_Bps": 9e9, "copy_runs": [9e9], "per_ssd_count": {"1": {"buffered_write_Bps": 1e9}}},
         {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "direct_write_runs": [2e9]}}},
     ):
-        p = model.from_run(dataclasses.replace(run, env=dict(run.env, ceilings=ceilings)))
+        p = from_run(dataclasses.replace(run, env=dict(run.env, ceilings=ceilings)))
         assert all(math.isfinite(v) and v > 0 for v in (p.d2h_Bps, p.host_copy_Bps))
         assert math.isfinite(p.ssd_write_Bps) and p.ssd_write_Bps > 0
         assert "cpu-single" in p.sources["d2h_GBps"][1] or "ceilings" in p.sources["d2h_GBps"][1]
@@ -298,7 +316,7 @@ def test_from_run_predicts_with_the_typical_ceiling_runs_not_the_best() -> None:
         ceilings=ceil([9e9, 8e9, 4e9], [1e9, 0.5e9, 0.6e9]),
         ceilings_after=ceil([6e9, 10e9, 7e9], [0.4e9, 0.4e9, 0.9e9]),
     )
-    p = model.from_run(dataclasses.replace(run, env=env))
+    p = from_run(dataclasses.replace(run, env=env))
     assert p.host_copy_Bps == pytest.approx((8e9 + 7e9) / 2)
     assert p.d2h_Bps == pytest.approx((8e9 + 7e9) / 2)  # host-emulated: the copy
     assert p.ssd_write_Bps == pytest.approx((0.6e9 + 0.4e9) / 2)
@@ -342,8 +360,8 @@ def test_a_workload_is_predicted_from_the_probes_around_it() -> None:
         ],
     )
     r = dataclasses.replace(run, env=env)
-    base = model.from_run(r)
-    a, b, c = (model.near(base, r, wl, 1) for wl in "abc")
+    base = from_run(r)
+    a, b, c = (near(base, r, wl, 1) for wl in "abc")
     assert dict(a.direct_by_n)[1] == pytest.approx(0.9e9)  # median(1.0, 0.9, 0.5)
     assert dict(b.direct_by_n)[1] == pytest.approx(0.5e9)  # median(0.9, 0.5, 0.3)
     assert dict(c.direct_by_n)[1] == pytest.approx(0.4e9)  # median(0.5, 0.3, 0.4 after)
@@ -351,13 +369,13 @@ def test_a_workload_is_predicted_from_the_probes_around_it() -> None:
     assert a.d2h_Bps == a.host_copy_Bps  # host-emulated: the copy
     assert dict(a.buffered_single_by_n)[1] == pytest.approx(0.3e9)  # median(0.2, 0.3, 0.5)
     assert dict(c.buffered_single_by_n)[1] == pytest.approx(0.5e9)  # median(0.5, 0.6, 0.2)
-    assert model.near(base, r, "not-probed", 1) is base
+    assert near(base, r, "not-probed", 1) is base
     s = float(1 << 30)
-    ts = model.predict(b, "torch-save", 1, s, g=1)
+    ts = predict(b, "torch-save", 1, s, g=1)
     # one writer: P1, not P; then the serialisation z = 3e9 on top
     assert ts.durable_s == pytest.approx(s / 7e9 + s / 0.5e9 + s / 3e9)
     # cpu-double writes with several threads: the chosen configuration's rate
-    assert model.predict(b, "cpu-double", 1, s, g=1).durable_s == pytest.approx(s / 7e9 + s / 1e9)
+    assert predict(b, "cpu-double", 1, s, g=1).durable_s == pytest.approx(s / 7e9 + s / 1e9)
 
 
 def test_cli_model_prints_the_feasibility_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -388,8 +406,8 @@ def test_cli_model_mtbf_json(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["model", "dgx-h100-gen4", "--mtbf", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    p = model.load_profile("dgx-h100-gen4")
-    for pl in model.plan(p, 12 * 3600):
+    p = load_profile("dgx-h100-gen4")
+    for pl in plan(p, 12 * 3600):
         got = out["engines"][pl.engine]
         assert got["interval_s"] == pytest.approx(pl.interval_s)
         assert got["lost_fraction"] == pytest.approx(pl.lost_fraction)
@@ -451,7 +469,7 @@ def test_cli_model_errors_are_one_line(
 def test_host_figures_cite_their_source(
     name: str, cores: float, dram: float | None, cites: tuple[str, ...]
 ) -> None:
-    p = model.load_profile(name)
+    p = load_profile(name)
     assert p.host_cores == cores
     assert p.dram_Bps == (None if dram is None else pytest.approx(dram * GB))
     text = " ".join(p.sources[k][1] for k in HOST_KEYS if k in p.sources)
@@ -464,11 +482,11 @@ def test_host_figures_cite_their_source(
             if kind == "assumed":
                 assert "not verified" in source
     if dram is None:  # no cited figure: the table says so, never a guess
-        row = next(r for r in model.input_rows(p) if r[0] == "host DRAM bandwidth")
+        row = next(r for r in input_rows(p) if r[0] == "host DRAM bandwidth")
         assert row[1:3] == ("unknown", "unknown")
 
 
-def host_prof(**kw: object) -> model.Profile:
+def host_prof(**kw: object) -> Profile:
     """prof() with 2 SSDs of 5 GB/s in all (10 GB/s), 10 cores, 100 GB/s of DRAM and a CPU
     cost for cpu-double (0.5 CPU-s per GB, 0.3 of it persisting) and gds (0.1, persist unknown)."""
     base: dict[str, object] = dict(
@@ -484,7 +502,7 @@ def host_prof(**kw: object) -> model.Profile:
 def test_host_need_by_hand() -> None:
     p = host_prof()
     assert p.storage_Bps(p.host_ssds) == pytest.approx(10 * GB)  # 2 GPUs x 1 SSD x 5 GB/s
-    cd = model.host_need(p, "cpu-double")
+    cd = host_need(p, "cpu-double")
     assert cd.host_cores == pytest.approx(0.5 * 10)
     assert cd.host_cores_persist == pytest.approx(0.3 * 10)
     # staging lands (1), the page-cache copy reads and writes (2), the SSD reads it (1)
@@ -492,21 +510,21 @@ def test_host_need_by_hand() -> None:
     assert cd.dram_Bps == pytest.approx(40 * GB)
     assert cd.dram_share_persist == pytest.approx(30 / 100)
     assert cd.verdict == "affordable"
-    gds = model.host_need(p, "gds")
+    gds = host_need(p, "gds")
     assert gds.host_cores == pytest.approx(1.0) and gds.host_cores_persist is None
     assert gds.dram_Bps == 0 and gds.verdict == "affordable"
-    assert model.host_need(p, "cpu-single").verdict == "unknown: no measured CPU cost of cpu-single"
-    few = model.host_need(host_prof(host_cores=4.0), "cpu-double")
+    assert host_need(p, "cpu-single").verdict == "unknown: no measured CPU cost of cpu-single"
+    few = host_need(host_prof(host_cores=4.0), "cpu-double")
     assert few.verdict == "cannot afford: 5 cores of 4"
-    slow = model.host_need(host_prof(dram_Bps=30 * GB), "cpu-double")
+    slow = host_need(host_prof(dram_Bps=30 * GB), "cpu-double")
     assert slow.verdict == "cannot afford: 40 GB/s of DRAM of 30"
     blind = host_prof(dram_Bps=None, host_cores=None)
-    assert model.host_need(blind, "cpu-double").verdict == (
+    assert host_need(blind, "cpu-double").verdict == (
         "unknown: no cited host cores, no cited DRAM bandwidth"
     )
-    assert model.host_need(blind, "cpu-double").dram_share_persist is None
+    assert host_need(blind, "cpu-double").dram_share_persist is None
     # gds moves no host DRAM: only its cores are unknown
-    assert model.host_need(blind, "gds").verdict == "unknown: no cited host cores"
+    assert host_need(blind, "gds").verdict == "unknown: no cited host cores"
 
 
 def test_cli_model_json_gives_host_cores_and_dram_for_every_engine(
@@ -516,15 +534,15 @@ def test_cli_model_json_gives_host_cores_and_dram_for_every_engine(
 
     assert main(["model", "dgx-h100-gen4", "--mtbf", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    p = model.load_profile("dgx-h100-gen4")
+    p = load_profile("dgx-h100-gen4")
     assert out["host"]["cores"] == 112 and out["host"]["dram_GBps"] == pytest.approx(614.4)
     assert out["host"]["ssd_rate_GBps"] == pytest.approx(8 * 3.8)
     cost = {e: t for e, t, _ in p.cpu_cost}
-    assert set(cost) >= set(model.ENGINES)  # the reference file covers every model engine
-    for e in model.ENGINES:
+    assert set(cost) >= set(ENGINES)  # the reference file covers every model engine
+    for e in ENGINES:
         got = out["engines"][e]
         assert got["host_cores"] == pytest.approx(cost[e] * 8 * 3.8)
-        per_byte = sum(model.BUILTIN[e].dram_per_byte(False))
+        per_byte = sum(traits_of(e).dram_per_byte(False))
         assert got["dram_GBps"] == pytest.approx(per_byte * 8 * 3.8)
         assert got["dram_source"] == "derived"
         assert got["host_verdict"] in ("affordable",) or got["host_verdict"].startswith("cannot")
@@ -550,9 +568,9 @@ def test_cli_model_prints_what_the_host_pays(capsys: pytest.CaptureFixture[str])
 
 def test_reference_cpu_cost_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "cpu-cost").mkdir()
-    assert model.reference_cpu_cost(tmp_path) == ((), "")  # none: every cores verdict unknown
+    assert reference_cpu_cost(tmp_path) == ((), "")  # none: every cores verdict unknown
     (tmp_path / "cpu-cost" / "reference.yaml").write_text(
         "kind: measured\nsource: s\nengines: {gds: {total: 1, totl: 1}}\n"
     )
     with pytest.raises(UserError, match="reference.yaml: engines.gds.totl: unknown key"):
-        model.reference_cpu_cost(tmp_path)
+        reference_cpu_cost(tmp_path)

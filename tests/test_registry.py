@@ -167,10 +167,12 @@ def test_a_copied_engine_runs_reports_and_is_modelled(copied_engine, scratch, ca
     assert copied_engine in model_part
     summary = (run_dir / "report" / "summary.csv").read_text()
     assert copied_engine in summary
-    from analysis import model, runs
+    from analysis import runs
+    from analysis.model.calibrate import from_run
+    from analysis.model.predict import predict
 
     run = runs.load(str(run_dir))
     assert run.traits(copied_engine) == BUILTIN["cpu-single"]
-    prof = model.from_run(run)
-    pr = model.predict(prof, copied_engine, 1, 8 << 20, run.traits(copied_engine))
+    prof = from_run(run)
+    pr = predict(prof, copied_engine, 1, 8 << 20, run.traits(copied_engine))
     assert pr.stall_s < pr.durable_s and pr.host_bytes == 8 << 20

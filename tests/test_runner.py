@@ -22,7 +22,8 @@ import pytest
 import torch
 from conftest import QUICK_CEILINGS, scratch_base
 
-from analysis import model, runs
+from analysis import runs
+from analysis.model.calibrate import _probe_point, from_run, near
 from bench import cli
 from bench.common import devices
 from bench.common.errors import UserError
@@ -131,8 +132,8 @@ def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any])
         assert p["file_bytes"] * p["n_targets"] >= 8 * MiB
     assert [p["unix_time"] for p in probes] == sorted(p["unix_time"] for p in probes)
     run = runs.load(tiny["run_dir"])
-    base = model.from_run(run)
-    here = model.near(base, run, wls[1], 2)
+    base = from_run(run)
+    here = near(base, run, wls[1], 2)
     assert here is not base
     # Which values: the median of the probes around the workload and the ceilings after (fio
     # times in ms, so two measured 8 MiB runs can tie: the probes are set to known values).
@@ -141,9 +142,9 @@ def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any])
         p["direct_write_Bps"] = v
     known = dataclasses.replace(run, env=env)
     after = env.get("ceilings_after") or {}
-    tail = model._probe_point(after.get("per_ssd_count", {}).get("2", {}), after)
+    tail = _probe_point(after.get("per_ssd_count", {}).get("2", {}), after)
     window = [5e9, 7e9] + ([tail["direct_write_Bps"]] if tail.get("direct_write_Bps") else [])
-    got = dict(model.near(model.from_run(known), known, wls[1], 2).direct_by_n)[2]
+    got = dict(near(from_run(known), known, wls[1], 2).direct_by_n)[2]
     assert got == pytest.approx(float(np.median(window)))
 
 
@@ -516,7 +517,8 @@ def test_preflight_no_space(
 def test_a_run_without_verification_reports(scratch: Path) -> None:
     """`verify: false` never compares restores: its rows are not 'unverified', so the terminal
     summary and `ckptbench report` (the same code) both show them."""
-    from analysis import report, runs
+    from analysis import runs
+    from analysis.report.build import build
 
     targets = make_targets(scratch, 1)
     raw = {
@@ -539,5 +541,5 @@ def test_a_run_without_verification_reports(scratch: Path) -> None:
     assert r.failures == 0
     run = runs.load(run_dir)
     assert len(run.ok) == 4 and "not verified" not in {k for k, v in run.excluded.items() if v}
-    rep = report.build(run_dir, str(scratch / "rep"))
+    rep = build(run_dir, str(scratch / "rep"))
     assert "torch-save" in rep.summary_text and "cpu-single" in rep.summary_text

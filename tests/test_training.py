@@ -16,8 +16,9 @@ import pytest
 import yaml
 from conftest import scratch_base
 
-from analysis import figures, report
 from analysis import training as tstats
+from analysis.figures.training import _step_x, training_stall
+from analysis.report.build import build
 from bench import engines
 from bench.cli import main
 from bench.common.errors import UserError
@@ -319,7 +320,7 @@ def test_drift_notes() -> None:
 def test_training_figure(tiny_run: tuple) -> None:
     run_dir, _, _ = tiny_run
     tr = tstats.load(run_dir)
-    fig = figures.training_stall(tr)
+    fig = training_stall(tr)
     axes = fig.get_axes()
     assert len(axes) == len(ENGINES) + 1  # a panel per engine and the bar chart
     panels, bars = axes[:-1], axes[-1]
@@ -336,7 +337,7 @@ def test_training_figure(tiny_run: tuple) -> None:
         # before the next step starts), cpu-single's wherever its persisting ran into later
         # steps (how far it does is the machine's speed: no count is asserted).
         ck = tr.timed_ckpts[tr.timed_ckpts["engine"] == e]
-        t, x = figures._step_x(tr.steps[tr.steps["engine"] == e])
+        t, x = _step_x(tr.steps[tr.steps["engine"] == e])
         windows = (
             np.interp([r, d], t, x)
             for r, d in zip(ck["t_return_s"], ck["t_durable_s"], strict=True)
@@ -363,7 +364,7 @@ def test_training_figure(tiny_run: tuple) -> None:
 
 def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     run_dir, _, _ = tiny_run
-    rep = report.build(run_dir, str(scratch / "rep"))
+    rep = build(run_dir, str(scratch / "rep"))
     names = sorted(Path(p).name for p in rep.paths)
     assert names == [
         "report.html",
@@ -387,7 +388,7 @@ def test_report_of_a_harness_run_with_training(tiny_run: tuple, scratch: Path) -
     shutil.copytree(FIX, both)
     for f in (loop.STEPS_CSV, loop.CKPTS_CSV):
         shutil.copy(Path(run_dir) / f, both / f)
-    rep = report.build(str(both), str(scratch / "rep"))
+    rep = build(str(both), str(scratch / "rep"))
     assert len(rep.paths) == 21  # the harness report's 19 and Figure 6
     md = (scratch / "rep" / "report.md").read_text()
     assert "## Is GDS worth it here?" in md and "## Stall in a real training loop" in md

@@ -1,0 +1,320 @@
+"""'This machine' calibrated from a measured run (`from_run`): the model's inputs from the
+run's device ceilings, never from the engines' own rows, so that `model_vs_measured` is a
+prediction; `near` narrows them to the ceilings probed around one workload. Imports
+analysis.stats, analysis.cost and analysis.model.profiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from analysis import cost
+from analysis.model.profiles import GB, THIS_MACHINE, Profile
+from analysis.stats import device_ceiling
+from bench.common.errors import UserError
+
+
+def _ceiling(env: dict[str, Any], key: str) -> float | None:
+    """One target's (or the host's) ceiling from env.json["ceilings"], if the run has one."""
+    return device_ceiling(env, key, 1, True)
+
+
+def from_run(run: Any) -> Profile:
+    """'This machine' calibrated from a measured run (analysis.runs.Run): from its device
+    ceilings (what each typically did: the median of its runs, the mean of before and after the
+    sweep), never from the engines' own rows, so that
+    `model_vs_measured` is a prediction. b: the device-to-host ceiling (host-emulated: the copy
+    ceiling, with the snapshot's threads); C: the copy ceiling; W(n) and P(n): the O_DIRECT and
+    buffered + fsync ceilings of n targets; z: the torch.save ceiling. A run without ceilings
+    (made before they were measured) falls back on its single-copy engine's rows, and says so.
+    """
+    c = run.env.get("ceilings")
+    if not c or not c.get("per_ssd_count"):
+        return _from_rows(run)
+    after = run.env.get("ceilings_after") or {}
+    rid, tag = run.run_id, "from run"
+    shared = bool(run.shared_device)
+
+    def typical(block: dict[str, Any], key: str) -> float | None:
+        """What the device typically does (the median of the chosen configuration's runs),
+        not the best run the efficiencies are judged against: the model predicts medians."""
+        runs_ = block.get(f"{key}_runs")
+        if runs_:
+            return float(np.median(runs_))
+        v = block.get(f"{key}_median_Bps") or block.get(f"{key}_Bps")
+        return float(v) if v else None
+
+    def both(n: str, key: str) -> float | None:
+        vals = [
+            v
+            for v in (
+                typical(c["per_ssd_count"].get(n, {}), key),
+                typical(after.get("per_ssd_count", {}).get(n, {}), key),
+            )
+            if v
+        ]
+        return float(np.mean(vals)) if vals else None
+
+    per_n = sorted(int(n) for n in c["per_ssd_count"])
+    direct = tuple((n, v) for n in per_n if (v := both(str(n), "direct_write")))
+    buffered = tuple((n, v) for n in per_n if (v := both(str(n), "buffered_write")))
+    single = []
+    for n in per_n:
+        ones = [
+            v
+            for blk, top in ((c, c), (after, after))
+            if (
+                v := _probe_point(blk.get("per_ssd_count", {}).get(str(n), {}), top).get(
+                    "buffered_write_1_Bps"
+                )
+            )
+        ]
+        if ones:
+            single.append((n, float(np.mean(ones))))
+    copies = [v for v in (typical(c, "copy"), typical(after, "copy")) if v]
+    if not direct or not copies:  # a ceiling that failed (env.json ceilings_error)
+        return _from_rows(run)
+    copy = float(np.mean(copies))
+    d2h = float(np.mean([v for v in (typical(c, "d2h"), typical(after, "d2h")) if v] or [copy]))
+    ser = [v for v in (typical(c, "serialize"), typical(after, "serialize")) if v]
+    n_min, w_min = direct[0]
+    emu = " (host-emulated: a host memory copy)" if run.emulated else ""
+    threads = c.get("copy_threads", 1)
+    sources = {
+        "d2h_GBps": (
+            tag,
+            f"env.json ceilings of run {rid}: "
+            + (
+                "d2h_runs"
+                if c.get("d2h_Bps")
+                else f"copy_runs{emu}, {threads} threads as the snapshot"
+            )
+            + ", the median of before and after the sweep",
+        ),
+        "ssd_write_GBps": (
+            tag,
+            f"env.json ceilings.direct_write_Bps of {n_min} target(s), run {rid}"
+            + (" (all targets on one device)" if shared else f", divided by {n_min}"),
+        ),
+        "ssds_per_gpu": (tag, "distinct devices under the run's targets (env.json storage)"),
+        "gpus_sharing_host": ("assumed", "one process checkpoints at a time"),
+        "host_copy_GBps": (tag, f"env.json ceilings.copy_runs of run {rid} (median)"),
+        "checkpoint_size": (tag, "the largest checkpoint of the run"),
+    }
+    n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
+    notes = [
+        f"W(n) and P(n) as measured for n = {', '.join(str(n) for n, _ in direct)} "
+        "target(s); z = torch.save into memory "
+        + (f"{c['serialize_Bps'] / GB:.2f} GB/s" if c.get("serialize_Bps") else "(not measured)")
+    ]
+    if shared:
+        notes.append("all targets share one device: SSD-count scaling is not real")
+    if run.emulated:
+        notes.append("host-emulated run: 'D2H' is a host memory copy, gds is O_DIRECT from memory")
+    host = _host_from_run(run, copy, sources)
+    return Profile(
+        **host,
+        name=THIS_MACHINE,
+        description=f"this machine ({run.env.get('host', '?')}, "
+        f"{run.env.get('cpu', {}).get('model', '?')}), from the ceilings of run {rid}",
+        d2h_Bps=d2h,
+        ssd_write_Bps=w_min if shared else w_min / n_min,
+        ssds_per_gpu=max(1, n_dev),
+        gpus_sharing_host=1,
+        host_copy_Bps=copy,
+        size_bytes=int(run.ok["total_bytes"].max()),
+        shared_device=shared,
+        sources=sources,
+        notes=tuple(notes),
+        direct_by_n=direct,
+        buffered_by_n=buffered,
+        buffered_single_by_n=tuple(single),
+        serialize_Bps=float(np.mean(ser)) if ser else None,
+    )
+
+
+def _probe_point(block: dict[str, Any], top: dict[str, Any]) -> dict[str, float]:
+    """The ceilings measured before or after the sweep for one target count, in the keys of a
+    probe (bench.measure.ceiling.probe): the median of the chosen configuration's runs."""
+    out: dict[str, float] = {}
+    for mode in ("direct_write", "buffered_write"):
+        runs_ = block.get(f"{mode}_runs")
+        if runs_:
+            out[f"{mode}_Bps"] = float(np.median(runs_))
+    one = [r["Bps"] for r in block.get("buffered_write_search", []) if r.get("jobs") == 1]
+    if block.get("buffered_write_config", {}).get("jobs") == 1 and "buffered_write_Bps" in out:
+        one = [out["buffered_write_Bps"]]
+    if one:
+        out["buffered_write_1_Bps"] = float(one[0])
+    for key in ("copy", "d2h", "serialize"):
+        runs_ = top.get(f"{key}_runs")
+        if runs_:
+            out[f"{key}_Bps"] = float(np.median(runs_))
+    return out
+
+
+def near(p: Profile, run: Any, workload: str, n: int) -> Profile:
+    """`p` (from_run) with the ceilings measured around one workload of the run: the probe taken
+    just before its saves (env.json `ceilings_probes`) and its neighbours in time over the same
+    target count (the ceilings before the sweep, the probes of the workloads before and after,
+    the ceilings after), the median of those three. The disk of a VM drifts 2x within the
+    hour; a model calibrated once for the whole run misses by that much. `p` unchanged when
+    the run has no probes (older runs, probes off, multi-rank runs)."""
+    probes = [q for q in run.env.get("ceilings_probes") or [] if q.get("n_targets") == n]
+    at = [i for i, q in enumerate(probes) if q.get("workload") == workload]
+    if not at:
+        return p
+    before, after = (
+        _probe_point((c := run.env.get(key) or {}).get("per_ssd_count", {}).get(str(n), {}), c)
+        for key in ("ceilings", "ceilings_after")
+    )
+    seq = [before, *probes, after]
+    k = at[-1] + 1
+    window = seq[k - 1 : k + 2]
+
+    def med(key: str) -> float | None:
+        vals = [float(q[key]) for q in window if q.get(key)]
+        return float(np.median(vals)) if vals else None
+
+    def put(pairs: tuple[tuple[int, float], ...], v: float | None) -> tuple[tuple[int, float], ...]:
+        if v is None:
+            return pairs
+        return tuple(sorted({**dict(pairs), n: v}.items()))
+
+    copy = med("copy_Bps") or p.host_copy_Bps
+    d2h = med("d2h_Bps") or (copy if run.emulated else p.d2h_Bps)
+    return replace(
+        p,
+        direct_by_n=put(p.direct_by_n, med("direct_write_Bps")),
+        buffered_by_n=put(p.buffered_by_n, med("buffered_write_Bps")),
+        buffered_single_by_n=put(p.buffered_single_by_n, med("buffered_write_1_Bps")),
+        host_copy_Bps=copy,
+        d2h_Bps=d2h,
+        serialize_Bps=med("serialize_Bps") or p.serialize_Bps,
+    )
+
+
+def _from_rows(run: Any) -> Profile:
+    """'This machine' from the single-copy engine's rows of a run without ceilings.
+
+    d2h and host copy: the env.json ceilings when present, else the median snapshot bandwidth
+    of cpu-single (total_bytes / stall_s), which stands for D2H (and, host-emulated, for a host
+    memory copy). Per-SSD write: the ceiling `direct_write_Bps` when present, else cpu-single's
+    median persist bandwidth (total_bytes / persist_s) at its smallest SSD count.
+    """
+    ok = run.ok
+    single = run.first_with(stall="snapshot", o_direct=True, baseline=False)
+    cs = ok[ok["engine"] == single]
+    if cs.empty:
+        raise UserError(
+            f"{run.path}: no rows of a single-copy engine (cpu-single): cannot calibrate the "
+            "model from this run"
+        )
+    snap = float(np.median(cs["total_bytes"] / cs["stall_s"]))
+    n_min = int(cs["n_targets"].min())
+    at_min = cs[cs["n_targets"] == n_min]
+    persist = float(np.median(at_min["total_bytes"] / at_min["persist_s"]))
+    shared = bool(run.shared_device)
+    per_ssd = persist if shared else persist / n_min
+    tag = "from run"
+    rid = run.run_id
+    snap_src = f"median total_bytes / stall_s of cpu-single over {len(cs)} rows of run {rid}"
+    d2h = _ceiling(run.env, "d2h_Bps")
+    copy = _ceiling(run.env, "copy_Bps")
+    direct = _ceiling(run.env, "direct_write_Bps")
+    emu = " (host-emulated: a host memory copy)" if run.emulated else ""
+    sources = {
+        "d2h_GBps": (tag, f"env.json ceilings.d2h_Bps of run {rid}")
+        if d2h
+        else (tag, f"snapshot bandwidth{emu}: {snap_src}"),
+        "ssd_write_GBps": (tag, f"env.json ceilings.direct_write_Bps of run {rid}")
+        if direct
+        else (
+            tag,
+            f"median total_bytes / persist_s of cpu-single at {n_min} target(s), run {rid}"
+            + (" (all targets on one device)" if shared else f", divided by {n_min}"),
+        ),
+        "ssds_per_gpu": (tag, "distinct devices under the run's targets (env.json storage)"),
+        "gpus_sharing_host": ("assumed", "one process checkpoints at a time"),
+        "host_copy_GBps": (tag, f"env.json ceilings.copy_Bps of run {rid}")
+        if copy
+        else (tag, "assumed equal to the snapshot bandwidth (no copy ceiling in env.json)"),
+        "checkpoint_size": (tag, "the largest checkpoint of the run"),
+    }
+    n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
+    table = run.env.get("ranks", {}).get("table") or []
+    per_node = [
+        sum(1 for t in table if t.get("node_rank") == n)
+        for n in {t.get("node_rank") for t in table}
+    ]
+    if per_node:
+        sources["gpus_per_host"] = (tag, f"ranks per node of run {rid} (env.json ranks.table)")
+        sources["ssds_per_host"] = (tag, "distinct devices under the run's targets")
+    notes = []
+    if shared:
+        notes.append("all targets share one device: W(n) = w, SSD-count scaling is not real")
+    if run.emulated:
+        notes.append("host-emulated run: 'D2H' is a host memory copy, gds is O_DIRECT from memory")
+    host = _host_from_run(run, copy, sources)
+    return Profile(
+        **host,
+        name=THIS_MACHINE,
+        description=f"this machine ({run.env.get('host', '?')}, {run.env.get('cpu', {}).get('model', '?')}), from run {rid}",
+        d2h_Bps=d2h or snap,
+        ssd_write_Bps=direct or per_ssd,
+        ssds_per_gpu=max(1, n_dev),
+        gpus_sharing_host=1,
+        host_copy_Bps=copy or d2h or snap,
+        size_bytes=int(ok["total_bytes"].max()),
+        shared_device=shared,
+        sources=sources,
+        notes=tuple(notes),
+        gpus_per_host=max(per_node) if per_node else None,
+        ssds_per_host=max(1, n_dev) if per_node else None,
+    )
+
+
+def _host_from_run(
+    run: Any, copy_Bps: float | None, sources: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """The host inputs of 'this machine' from a run: its CPUs (env.json cpu.logical_cores,
+    the CPUs the CPU-seconds were counted on), its DRAM bandwidth where the run shows one (a
+    host-emulated run's copy ceiling moves 2 bytes of DRAM per byte copied: twice it is what
+    the memory moved at least; a CUDA run's copy ceiling is the device link, not DRAM), and the
+    CPU-seconds per GB each engine took in the run's own rows."""
+    rid = run.run_id
+    cores = run.env.get("cpu", {}).get("logical_cores")
+    out: dict[str, Any] = {
+        "host_cores": float(cores) if cores else None,
+        "dram_Bps": None,
+        "dram_lower_bound": False,
+    }
+    if cores:
+        sources["host_cores"] = ("from run", f"env.json cpu.logical_cores of run {rid}")
+    if run.emulated and copy_Bps:
+        out["dram_Bps"], out["dram_lower_bound"] = 2 * copy_Bps, True
+        sources["dram_GBps"] = (
+            "from run",
+            f"2 x the copy ceiling of run {rid} (a memcpy reads and writes each byte): what "
+            "the memory moved with the snapshot's threads, a lower bound of its bandwidth",
+        )
+    per = cost.cpu_cost(run)
+    out["cpu_cost"] = tuple((e, t, p) for e, (t, p, _) in per.items())
+    whats = sorted({w for _, _, w in per.values()})
+    out["cpu_cost_source"] = (
+        f"run {rid}: median CPU-seconds per GB durable of each engine's rows ("
+        + ", ".join(
+            "whole host, others and baseline taken away" if w == "host" else "process only"
+            for w in whats
+        )
+        + ")"
+        + (
+            "; host-emulated: the snapshot is a CPU copy here, a DMA on a GPU"
+            if run.emulated
+            else ""
+        )
+    )
+    return out

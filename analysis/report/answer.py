@@ -1,0 +1,130 @@
+"""The report's answer to "Is GDS worth it here?": the measured stall ratio, the model's
+break-even here and on the profiled servers, the profiles' table and Figure 4.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis import stats
+from analysis.model.predict import break_even, break_even_ssds, stall_ratio
+from analysis.model.profiles import THIS_MACHINE, Profile
+from analysis.model.render import describe_break_even
+from analysis.report.captions import CAPTIONS
+from analysis.report.doc import Doc
+from analysis.report.host import host_answer
+from analysis.runs import Run
+
+
+def stall_ratios(run: Run) -> pd.DataFrame:
+    """Measured median stall of the GDS path (from device memory, until durable) over the
+    single-copy CPU path (snapshot, then O_DIRECT) per (workload, n_targets)."""
+    st = stats.case_stats(run.ok, "stall_s").set_index(["workload", "n_targets", "engine"])
+    gds = run.first_with(from_device=True)
+    single = run.first_with(stall="snapshot", o_direct=True, baseline=False)
+    rows = []
+    for (wl, n), _ in st.groupby(level=[0, 1], sort=False):
+        try:
+            g = st.loc[(wl, n, gds), "median"]
+            c = st.loc[(wl, n, single), "median"]
+        except KeyError:
+            continue
+        rows.append(
+            {
+                "workload": wl,
+                "n_targets": n,
+                "gds_stall_s": g,
+                "cpu_single_stall_s": c,
+                "ratio": g / c,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str]]]:
+    headers = [
+        "profile",
+        "b: D2H GB/s",
+        "w: SSD write GB/s",
+        "SSDs per GPU today",
+        "GDS / CPU-centric stall at that count",
+        "break-even SSDs per GPU (n*)",
+    ]
+    rows = []
+    for p in profiles:
+        be = break_even(p)
+        be_txt = (
+            ("never (one shared device)" if p.shared_device else "never")
+            if math.isinf(be)
+            else f"{break_even_ssds(p)} ({be:.2f})"
+        )
+        rows.append(
+            [
+                p.name,
+                f"{p.d2h_Bps / 1e9:.2f}",
+                f"{p.ssd_write_Bps / 1e9:.2f}",
+                str(p.ssds_per_gpu),
+                f"{stall_ratio(p, p.ssds_per_gpu):.2f}",
+                be_txt,
+            ]
+        )
+    return headers, rows
+
+
+def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]:
+    """The paragraphs that answer 'is GDS worth it here'."""
+    out = []
+    sr = stall_ratios(run)
+    emu = " (host-emulated: an O_DIRECT emulation of GDS, not GDS)" if run.emulated else ""
+    if not sr.empty:
+        lo, hi, med = sr["ratio"].min(), sr["ratio"].max(), sr["ratio"].median()
+        verdict = "longer" if med > 1 else "shorter"
+        out.append(
+            f"**Measured here{emu}:** gds stalled training {med:.2f}x as long as cpu-single "
+            f"(median over {len(sr)} cases, range {lo:.2f}-{hi:.2f}x): the GDS path stalls "
+            f"{verdict}, because it holds the tensors until they are durable while the "
+            "CPU-centric path stalls only for the snapshot into host memory."
+        )
+    if this is not None:
+        out.append(f"**The model calibrated from this run:** {describe_break_even(this)}.")
+    servers = [p for p in profiles if p.name != THIS_MACHINE]
+    if servers:
+        bes = [break_even_ssds(p) for p in servers]
+        finite = [b for b in bes if b is not None]
+        today = [p.ssds_per_gpu for p in servers]
+        ratios = [stall_ratio(p, p.ssds_per_gpu) for p in servers]
+        worth = [
+            p.name
+            for p, b in zip(servers, bes, strict=True)
+            if b is not None and b <= p.ssds_per_gpu
+        ]
+        if finite:
+            out.append(
+                f"**On the profiled servers** GDS needs {min(finite)}-{max(finite)} SSDs per GPU "
+                f"to stall no longer than a CPU-centric snapshot; they carry about "
+                f"{int(np.median(today))} per GPU, where GDS stalls {min(ratios):.1f}-"
+                f"{max(ratios):.1f}x as long. "
+                + (
+                    f"GDS breaks even on: {', '.join(worth)}."
+                    if worth
+                    else "On none of them is GDS worth it for the stall."
+                )
+            )
+    out.append(
+        "Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
+        "beside the model, Figure 3 the host memory the CPU-centric paths pay for it."
+    )
+    out.append(host_answer(run, servers))
+    return out
+
+
+def gds_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile]) -> None:
+    """The answer, the profiles' break-even table and Figure 4."""
+    d.h(2, "Is GDS worth it here?")
+    for para in answer(run, this, profiles):
+        d.p(para)
+    d.table(*profile_rows(profiles))
+    d.img("feasibility.png", CAPTIONS["feasibility"])

@@ -1,0 +1,205 @@
+"""`ckptbench report RUN_DIR`: the five figures (PNG + PDF), summary.csv, report.md and
+report.html in RUN_DIR/report/.
+
+The report answers "is GDS worth it for checkpointing here, and on the servers we might buy?":
+the measured summary, the model calibrated from the run beside the hardware profiles, the
+break-even SSD count per GPU, and the environment the numbers come from. Emulated and compat
+rows are marked in every table and figure.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import contention, cost, runs, scaling, stats, training
+from analysis.figures.bandwidth import bandwidth_vs_tensor_size
+from analysis.figures.common import save
+from analysis.figures.contention import contention as contention_figure
+from analysis.figures.feasibility import feasibility
+from analysis.figures.host import host_cpu, host_memory
+from analysis.figures.planning import lost_fraction
+from analysis.figures.scaling import memory_figure, times_figure
+from analysis.figures.stall import stall_vs_ssds
+from analysis.figures.timeline import timeline
+from analysis.figures.training import training_stall
+from analysis.model.calibrate import from_run
+from analysis.model.profiles import PROFILES_DIR, Profile, load_profiles
+from analysis.report.answer import gds_section
+from analysis.report.captions import CAPTIONS, FIGURES
+from analysis.report.caveats import warnings_for
+from analysis.report.contention import contention_section
+from analysis.report.doc import Doc, write_doc
+from analysis.report.environment import env_rows, training_env_rows
+from analysis.report.host import host_section
+from analysis.report.model import MODEL_CSV, model_frame, model_section
+from analysis.report.scaling import scaling_section
+from analysis.report.summary import summary_section
+from analysis.report.training import training_section
+from analysis.runs import Run
+from analysis.tables import text_table
+from bench.common.errors import UserError
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `report` wrote."""
+
+    outdir: str
+    paths: list[str]
+    summary: pd.DataFrame
+    summary_text: str
+    notes: list[str]
+    seconds: float
+
+
+def build(
+    run_dir: str,
+    outdir: str | None = None,
+    figures_only: bool = False,
+    profiles_dir: str | None = None,
+) -> Report:
+    """Write the figures (and unless figures_only, summary.csv, report.md, report.html).
+
+    A training-loop run (training_steps.csv, `ckptbench train`) adds Figure 6 and its section;
+    a run directory with only those files gets a report of that section alone."""
+    t0 = time.perf_counter()
+    tr = training.load(run_dir) if training.present(run_dir) else None
+    has_results = os.path.isfile(os.path.join(run_dir, "results.csv"))
+    if tr is not None and not has_results:
+        return build_training(tr, outdir or os.path.join(run_dir, "report"), figures_only, t0)
+    run = runs.load(run_dir)
+    outdir = outdir or os.path.join(run_dir, "report")
+    os.makedirs(outdir, exist_ok=True)
+    pdir = PROFILES_DIR if profiles_dir is None else Path(profiles_dir)
+    servers = load_profiles(pdir)
+    try:
+        this: Profile | None = from_run(run)
+    except UserError:
+        this = None
+    profiles = servers + ([this] if this is not None else [])
+
+    made = {
+        "bandwidth_vs_tensor_size": bandwidth_vs_tensor_size(run),
+        "stall_vs_ssds": stall_vs_ssds(run, this),
+        "host_memory": host_memory(run),
+        "feasibility": feasibility(profiles, run),
+        "timeline": timeline(run),
+    }
+    if tr is not None:
+        made["training_stall"] = training_stall(tr)
+    if contention.present(run):
+        made["contention"] = contention_figure(run, this)
+    if scaling.present(run):
+        made["scaling"] = times_figure(run, this)
+        made["scaling_memory"] = memory_figure(run)
+    made["host_cpu"] = host_cpu(run)
+    if this is not None:
+        made["lost_fraction"] = lost_fraction(
+            this, {e: t for e in run.engines if (t := run.traits(e)) is not None}, run=run
+        )
+    paths: list[str] = []
+    for stem, fig in made.items():
+        paths += save(fig, outdir, stem)
+
+    table = stats.summary_table(run)
+    headers, rows = stats.summary_rows(table)
+    summary_text = text_table(headers, rows)
+    if tr is not None:
+        summary_text += "\n\n" + text_table(*training.summary_rows(training.summary(tr)))
+    if not figures_only:
+        csv_path = os.path.join(outdir, "summary.csv")
+        table.to_csv(csv_path, index=False)
+        host_csv = os.path.join(outdir, "host_cost.csv")
+        cost.table(run).to_csv(host_csv, index=False)
+        paths.append(host_csv)
+        if this is not None:
+            mvm = os.path.join(outdir, "model_vs_measured.csv")
+            model_frame(run, this)[MODEL_CSV].to_csv(mvm, index=False)
+            paths.append(mvm)
+        doc = document(run, table, this, profiles, tr)
+        paths += [csv_path, *write_doc(doc, outdir, run.run_id)]
+    notes = warnings_for(run) + (training.notes(tr) if tr is not None else [])
+    if contention.present(run):
+        notes += [
+            f"aggregate write bandwidth, {n}" for n in contention.notes(contention.table(run, this))
+        ]
+    return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)
+
+
+def document(
+    run: Run,
+    table: pd.DataFrame,
+    this: Profile | None,
+    profiles: list[Profile],
+    tr: training.TrainingRun | None = None,
+) -> Doc:
+    """The report's content."""
+    d = Doc()
+    d.h(1, f"ckptbench report: {run.run_id}")
+    for w in warnings_for(run):
+        d.warn(w)
+    n_rows = len(run.ok)
+    d.p(
+        f"{n_rows} timed repetitions ({run.excluded.get('warm-up', 0)} warm-ups left out), "
+        f"{table.shape[0]} cases, engines: {', '.join(run.engines)}. GB/s = 1e9 B/s; write "
+        "bandwidth = checkpoint bytes / total_s (until durable)."
+    )
+
+    gds_section(d, run, this, profiles)
+    summary_section(d, table)
+    host_section(d, run, profiles)
+    figures_section(d, this, tr)
+    if contention.present(run):
+        contention_section(d, run, this)
+    if scaling.present(run):
+        scaling_section(d, run)
+    model_section(d, run, this, profiles)
+
+    d.h(2, "Environment")
+    d.table(["", "value"], env_rows(run.env))
+    return d
+
+
+def figures_section(d: Doc, this: Profile | None, tr: training.TrainingRun | None) -> None:
+    """The figures not shown beside their section, and a training-loop run's section."""
+    d.h(2, "Figures")
+    for stem in FIGURES:
+        if stem != "feasibility":
+            d.img(f"{stem}.png", CAPTIONS[stem])
+    if this is not None:
+        d.img("lost_fraction.png", CAPTIONS["lost_fraction"])
+    if tr is not None:
+        d.p(
+            "PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; Figure 6 "
+            "(below) shows checkpoint phases against the steps of a training loop."
+        )
+        training_section(d, tr)
+    else:
+        d.p(
+            "PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; checkpoint "
+            "phases against the steps of a real training loop come from `ckptbench train "
+            "configs/training.yaml`, whose report draws them (Figure 6)."
+        )
+
+
+def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0: float) -> Report:
+    """The report of a run directory that holds only a training-loop run."""
+    os.makedirs(outdir, exist_ok=True)
+    paths = save(training_stall(tr), outdir, "training_stall")
+    table = training.summary(tr)
+    summary_text = text_table(*training.summary_rows(table))
+    if not figures_only:
+        csv_path = os.path.join(outdir, "training_summary.csv")
+        table.to_csv(csv_path, index=False)
+        d = Doc()
+        d.h(1, f"ckptbench report: {tr.run_id}")
+        training_section(d, tr)
+        d.h(2, "Environment")
+        d.table(["", "value"], training_env_rows(tr.env))
+        paths += [csv_path, *write_doc(d, outdir, tr.run_id)]
+    return Report(outdir, paths, table, summary_text, training.notes(tr), time.perf_counter() - t0)

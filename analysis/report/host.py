@@ -1,0 +1,154 @@
+"""The report's section on what each path costs the host: the per-engine table (analysis.cost),
+Figure 9, the profiled hosts' verdicts charged this run's CPU cost, and the answer's line on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from analysis import cost
+from analysis.model.host import host_needs
+from analysis.model.profiles import THIS_MACHINE, Profile
+from analysis.report.captions import CAPTIONS
+from analysis.report.doc import Doc
+from analysis.runs import Run
+
+
+def with_run_cost(profiles: list[Profile], run: Run) -> list[Profile]:
+    """The server profiles charged this run's CPU-seconds per GB (the report's verdicts
+    measure the paths here, not the reference run's)."""
+    per = cost.cpu_cost(run)
+    if not per:
+        return profiles
+    rows = tuple((e, t, p) for e, (t, p, _) in per.items())
+    src = f"run {run.run_id} (this report's run)"
+    return [
+        p if p.name == THIS_MACHINE else replace(p, cpu_cost=rows, cpu_cost_source=src)
+        for p in profiles
+    ]
+
+
+def host_answer(run: Run, servers: list[Profile]) -> str:
+    """The answer's line on what each path costs the host: CPU-seconds per GB here, and the
+    servers' verdicts with this run's CPU cost."""
+    t = cost.table(run)
+    host = cost.has_host(run)
+    col = "host_cpu_s_per_GB" if host else "process_cpu_s_per_GB"
+    parts = [
+        f"{r['engine']} {r[col]:.2f}" + (f" ({r['process_cpu_s_per_GB']:.2f})" if host else "")
+        for _, r in t.iterrows()
+        if not np.isnan(r[col])
+    ]
+    emu = ", host-emulated" if run.emulated else ""
+    text = (
+        f"**What it costs the host (this run{emu}):** CPU-seconds per GB made durable, "
+        + (
+            "the whole host (this process alone): "
+            if host
+            else "this process (no host figure in this run): "
+        )
+        + "; ".join(parts)
+        + "."
+    )
+    if host:
+        more, less = cost.kernel_beside(run)
+        text += (
+            f" The host paid more than the process (host - process per repetition, its "
+            f"interquartile range above zero) for {', '.join(more)}: kernel work beside it."
+            if more
+            else " For no engine did the host pay more than the process beyond the "
+            "measurement's noise (host - process per repetition, its interquartile range "
+            "not above zero): kernel work beside the saves was below what the ticks resolve."
+        )
+        if less:
+            text += (
+                f" For {', '.join(less)} the baseline took away more than the kernel did beside "
+                "them (its interquartile range below zero): their host figure is low by that."
+            )
+    verdicts = []
+    for p in with_run_cost(servers, run):
+        needs = host_needs(p)
+        bad = [n.engine for n in needs if n.verdict.startswith("cannot")]
+        unknown = [n.engine for n in needs if n.verdict.startswith("unknown")]
+        top = max((n for n in needs), key=lambda n: n.dram_Bps_persist, default=None)
+        line = f"{p.name}: " + (
+            f"cannot afford {', '.join(bad)}"
+            if bad
+            else "affords every path"
+            if not unknown
+            else f"unknown for {', '.join(unknown)}"
+        )
+        if top is not None and top.dram_share_persist is not None:
+            line += (
+                f" (persisting, {top.engine} takes {100 * top.dram_share_persist:.0f} % of its "
+                "DRAM peak from training)"
+            )
+        verdicts.append(line)
+    if verdicts:
+        text += (
+            " Checkpointing every GPU at the SSDs' rate with these CPU costs (Figure 9, the "
+            "host table below): " + "; ".join(verdicts) + "."
+        )
+    return text
+
+
+def host_profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str]]]:
+    """Per profile and engine: cores and DRAM GB/s needed to checkpoint every GPU at the SSDs'
+    rate, and the verdict."""
+    headers = [
+        "profile",
+        "engine",
+        "cores needed (host has)",
+        "DRAM GB/s (host peak)",
+        "DRAM % lost persisting",
+        "verdict",
+    ]
+    out = []
+    for p in profiles:
+        for n in host_needs(p):
+            have = "unknown" if p.host_cores is None else f"{p.host_cores:g}"
+            peak = "unknown" if p.dram_Bps is None else f"{p.dram_Bps / 1e9:.0f}"
+            share = n.dram_share_persist
+            out.append(
+                [
+                    p.name,
+                    n.engine,
+                    ("unknown" if n.host_cores is None else f"{n.host_cores:.1f}") + f" ({have})",
+                    f"{n.dram_Bps / 1e9:.1f} ({peak})",
+                    "unknown" if share is None else f"{100 * share:.1f}",
+                    n.verdict,
+                ]
+            )
+    return headers, out
+
+
+def host_section(d: Doc, run: Run, profiles: list[Profile]) -> None:
+    """What each path costs the host: the per-engine table, Figure 9 and the servers."""
+    d.h(2, "What each path costs the host")
+    host = cost.has_host(run)
+    d.p(
+        "Per engine, medians over every timed repetition, per GB made durable (1e9 B): CPU "
+        "seconds of this process (every thread and the children it ran) and of the whole host "
+        "(/proc/stat busy time less other processes' CPU time and the run's idle baseline, so "
+        "kernel writeback, journal threads and interrupts count), the host's part in the stall "
+        "and while persisting; cores busy while persisting (a path that persists inside its "
+        "stall: over the whole save); host DRAM bytes moved per checkpoint byte, measured from "
+        "the memory controllers' counters where the run read them, else derived from the path's "
+        "copies (`derived`; on this run's device, and on a GPU server beside it). host_cost.csv "
+        "has the numbers."
+        + ("" if host else " This run predates the host columns: the process figure alone.")
+    )
+    d.table(*cost.rows_md(cost.table(run)))
+    d.img("host_cpu.png", CAPTIONS["host_cpu"])
+    d.p(
+        "What it would cost each profiled host to checkpoint all its GPUs at its SSDs' "
+        "aggregate rate, charged this run's CPU-seconds per GB (servers) or the profile's own "
+        "(this machine): cores = CPU-s/GB x GB/s, DRAM = derived bytes per byte x GB/s, against "
+        "the host's cores and DRAM peak as the profiles cite them (`unknown` where a profile "
+        "cites none); 'DRAM % lost persisting' = the share of the peak the path takes beside "
+        "training while it persists. `ckptbench model PROFILE` prints the same with the "
+        "reference run's CPU cost (configs/hardware/cpu-cost/reference.yaml)."
+    )
+    d.table(*host_profile_rows(with_run_cost(profiles, run)))

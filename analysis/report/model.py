@@ -1,0 +1,177 @@
+"""The report's section on the model: its formulas, this machine calibrated from the run, the
+model against the measurement (model_vs_measured.csv) and the hardware profiles.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import stats
+from analysis.model.calibrate import near
+from analysis.model.predict import predict
+from analysis.model.profiles import THIS_MACHINE, Profile
+from analysis.model.render import FORMULAS_MD, input_rows
+from analysis.report.doc import Doc
+from analysis.runs import Run
+
+
+def model_frame(run: Run, this: Profile) -> pd.DataFrame:
+    """Predicted vs measured median stall and time to durability for every measured case (the
+    columns of model_vs_measured.csv)."""
+    table = stats.summary_table(run)
+    rows = []
+    for _, r in table.iterrows():
+        t = run.traits(r["engine"])
+        if t is None:
+            continue
+        n = int(r["n_targets"]) if t.stripes else 1
+        here = near(this, run, r["workload"], int(r["n_targets"]))
+        pr = predict(here, r["engine"], n, float(r["total_bytes"]), t, g=1)
+        rows.append(
+            {
+                "workload": r["workload"],
+                "n_targets": int(r["n_targets"]),
+                "engine": r["engine"],
+                "mode": r["mode"],
+                "stall_model_s": pr.stall_s,
+                "stall_measured_s": r["stall_s"],
+                "durable_model_s": pr.durable_s,
+                "durable_measured_s": r["total_s"],
+            }
+        )
+    return pd.DataFrame(rows, columns=[*MODEL_CSV[:3], "mode", *MODEL_CSV[3:]])
+
+
+MODEL_CSV = [
+    "workload",
+    "n_targets",
+    "engine",
+    "stall_model_s",
+    "stall_measured_s",
+    "durable_model_s",
+    "durable_measured_s",
+]
+
+
+def model_vs_measured(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The model-against-measurement table of the report."""
+    headers = [
+        "workload",
+        "SSDs",
+        "engine",
+        "mode",
+        "stall s: model",
+        "measured",
+        "error %",
+        "durable s: model",
+        "measured",
+        "error %",
+    ]
+    rows = []
+    for _, r in frame.iterrows():
+        e1 = 100 * (r["stall_model_s"] / r["stall_measured_s"] - 1)
+        e2 = 100 * (r["durable_model_s"] / r["durable_measured_s"] - 1)
+        rows.append(
+            [
+                r["workload"],
+                str(r["n_targets"]),
+                r["engine"],
+                (r["mode"] or "").upper() or "-",
+                stats.fmt(r["stall_model_s"]),
+                stats.fmt(r["stall_measured_s"]),
+                f"{e1:+.0f}",
+                stats.fmt(r["durable_model_s"]),
+                stats.fmt(r["durable_measured_s"]),
+                f"{e2:+.0f}",
+            ]
+        )
+    return headers, rows
+
+
+def model_errors(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median absolute error per engine, stall and time to durability (fractions)."""
+    f = frame.assign(
+        stall_err=(frame["stall_model_s"] / frame["stall_measured_s"] - 1).abs(),
+        durable_err=(frame["durable_model_s"] / frame["durable_measured_s"] - 1).abs(),
+    )
+    return f.groupby("engine", sort=False)[["stall_err", "durable_err"]].median()
+
+
+def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
+    """Where the model still misses by more than 20 % (median over an engine's cases), with the
+    reason the run itself shows: the model assumes every engine reaches the device ceilings, so
+    an engine's own efficiency (bench.measure.efficiency, medians) says how far it fell short."""
+    out = []
+    ok = run.ok
+    for e, r in model_errors(frame).iterrows():
+        rows = ok[ok["engine"] == e]
+        sub = frame[frame["engine"] == e]
+        for what, col, eff in (
+            ("stall", "stall", "snapshot_eff"),
+            ("time to durability", "durable", "write_eff"),
+        ):
+            if r[f"{col}_err"] <= 0.2:
+                continue
+            under = (sub[f"{col}_model_s"] < sub[f"{col}_measured_s"]).mean() > 0.5
+            why = []
+            med = rows[eff].median() if eff in rows else float("nan")
+            if eff == "snapshot_eff" and med == med:
+                why.append(f"its snapshots ran at {med:.2f} of the copy ceiling")
+            elif eff == "write_eff" and med == med:
+                why.append(f"it wrote at {med:.2f} of its ceiling end to end")
+                multi = rows[rows["n_targets"] > 1]
+                if run.shared_device and len(multi) and multi[eff].median() < med:
+                    why.append(
+                        f"{multi[eff].median():.2f} over several targets that share one device"
+                    )
+            if what == "stall" and not why:
+                why.append("its stall includes its library's own work, which no ceiling measures")
+            out.append(
+                f"{e}: the model {'under' if under else 'over'}estimates the {what} by "
+                f"{100 * r[f'{col}_err']:.0f} % ({'; '.join(why)})"
+            )
+    return out
+
+
+def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile]) -> None:
+    """The formulas, this machine's inputs, the model against the measurement, the profiles."""
+    d.h(2, "The model")
+    d.p(
+        "`analysis/model.py`: each GPU's checkpoint when g GPUs of a host checkpoint at once "
+        "(`model.predict`); the same function gives the headline, the tables and Figures 2-4."
+    )
+    d.p(FORMULAS_MD)
+    if this is not None:
+        d.h(3, "This machine, calibrated from this run")
+        d.table(["input", "value", "kind", "source"], [list(r) for r in input_rows(this)])
+        for note in this.notes:
+            d.p(f"Note: {note}.")
+        d.h(3, "Model against measurement")
+        frame = model_frame(run, this)
+        errs = model_errors(frame)
+        d.p(
+            "Predicted vs measured medians per case (error = (model - measured) / measured), "
+            "the model built from this run's device ceilings alone (never from the engines' "
+            "rows); model_vs_measured.csv has the numbers. Median absolute error per engine: "
+            + "; ".join(
+                f"{e} stall {100 * r['stall_err']:.0f} %, durable {100 * r['durable_err']:.0f} %"
+                for e, r in errs.iterrows()
+            )
+            + "."
+        )
+        misses = model_misses(frame, run)
+        d.p(
+            "Where it still misses: " + "; ".join(misses) + "."
+            if misses
+            else "Every engine's median error is within 20 %."
+        )
+        d.table(*model_vs_measured(frame))
+    d.h(3, "Hardware profiles")
+    d.p(
+        "From `configs/hardware/*.yaml`; every figure cites shared/reference/figures.md or is "
+        "marked assumed. `ckptbench model PROFILE` prints each one's inputs and sources."
+    )
+    for p in profiles:
+        if p.name != THIS_MACHINE:
+            d.p(f"**{p.name}**: {p.description}")
+            d.ul([f"{k}: {v} ({kind}; {src})" for k, v, kind, src in input_rows(p)])
