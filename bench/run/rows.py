@@ -23,7 +23,9 @@ from bench.storage import verify
 
 def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None) -> tuple[Any, Any]:
     """The row's (write, snapshot) efficiency (bench.measure.efficiency), judged by the traits
-    its engine declares."""
+    its engine declares; (None, None) without ceilings or a time to judge."""
+    if not ceilings or not row.get("total_s"):
+        return None, None
     return judge.efficiency(row, ceilings, REGISTRY[row["engine"]].traits)
 
 
