@@ -386,3 +386,22 @@ def test_the_gpus_free_memory_is_read_from_the_device(monkeypatch):
     cuda = Device("cuda", torch.device("cpu"))
     assert preflight.device_free(cuda) == 42 * GiB and calls == [cuda.torch_device]
     assert preflight.device_free(Device("host-emulated", torch.device("cpu"))) is None
+
+
+def test_run_preflight_of_a_run_with_ranks_launches_nothing(scratch, capsys, monkeypatch):
+    """--preflight of a config with `ranks:` (or --nproc) is refused in one line before torchrun
+    would start: it used to launch the ranks and run the whole sweep."""
+    from bench import cli
+    from bench.run import launch
+
+    monkeypatch.setattr(launch, "launch", lambda *a: pytest.fail("torchrun was launched"))
+    out = scratch / "out"
+    for argv in (
+        ["run", str(REPO / "configs" / "multirank.yaml"), "--preflight"],
+        ["run", str(_config(scratch)), "--nproc", "2", "--preflight"],
+    ):
+        assert cli.main([*argv, "-o", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("ckptbench: error: --preflight: ") and "\n" not in err, err
+        assert "does not judge a run with ranks yet" in err
+    assert not out.exists()

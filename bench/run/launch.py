@@ -89,6 +89,14 @@ def cli_run(args: Any) -> int | None:
     cfg = config_mod.load(args.config, args.set)  # config errors: one line, before any rank
     if cfg.ranks is None:
         return None
+    if getattr(args, "preflight", False):
+        # each rank judges its own shard before its first case; a table of them all would need
+        # the ranks launched, and launching them is what --preflight promises not to do
+        raise UserError(
+            f"--preflight: {args.config} runs {cfg.ranks.nproc} ranks (ranks.nproc), and "
+            "--preflight does not judge a run with ranks yet (it would have to launch them); "
+            "each rank still refuses, before its first case, a case that does not fit"
+        )
     return launch(cfg.ranks.nproc, run_argv(args))
 
 
