@@ -1,15 +1,17 @@
 """ckptbench: storage-bandwidth benchmarks for deep-learning checkpointing.
 
-The data flows through one module per step:
+The packages are floors, each importing only the floors below it (tests/test_layers.py):
 
-    config (schema) -> plan (workloads x groups x engines x repetitions)
-      -> workloads (the state) -> engines (save, load; their traits)
-      -> rows (one repetition measured in phases) -> results (results.csv, env.json)
-      -> analysis/ (stats, model, figures, report)
-
-`core` is the run core every kind of run shares (preflight, engines, run directory, env.json,
-writers, failures); `sweep` is the case loop of a sweep, in one process or as one rank of a
-torchrun job (`distributed`); `training` checkpoints a real training loop on the same core.
+    common     errors, sizes, strict config models, devices, engines' traits
+    storage    O_DIRECT, staging, the state tree, checksums, layout, manifest, generations
+    measure    timers and samplers, host cost, the environment block, ceilings, efficiency,
+               results files
+    workloads  the states to save
+    engines    the registry and one module per data path
+    config     sweep and training configs
+    analysis/  (beside bench/) reads results files: statistics, the model, figures, reports
+    run        the run core, cases, preflight, rows, the case loop, torchrun ranks, training
+    cli        the `ckptbench` command
 """
 
 __version__ = "0.1.0"
