@@ -71,7 +71,7 @@ TESTS: dict[str, tuple[str, str]] = {
     "generations": (
         "bench/storage/generations.py",
         "tests/test_generations.py; tests/test_manifest_errors.py -k 'interrupted or marker or"
-        " leftover or overlapping or garbled or replaces'",
+        " leftover or overlapping or garbled or replaces or refused or first_target'",
     ),
     "verify": ("bench/storage/verify.py", "tests/test_verify.py"),
     "striped": (

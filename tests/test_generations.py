@@ -52,16 +52,23 @@ def lay_out_save(dirs: list[str], name: str, save_id: str, marker: dict[str, Any
 
 @pytest.fixture
 def live_pid() -> Any:
-    """The pid of a process of ours that runs until the test ends it (`stop()`)."""
-    # It leaves (exit code 3) on any signal a liveness check could send by mistake, even where
-    # its parent ignores some (a run under nohup ignores SIGHUP).
+    """The pid of a process of ours that runs until the test ends it (`stop()`, which returns
+    its exit code: 3 if any signal a liveness check could send by mistake reached it)."""
+    # It blocks those signals, so that the kernel keeps each one sent as pending the moment
+    # it is sent (no race with the child's handler running, and a run under nohup that ignores
+    # SIGHUP does not hide it), and looks at what is pending when its stdin closes.
     code = (
         "import signal, sys\n"
-        "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):\n"
-        "    signal.signal(s, lambda *a: sys.exit(3))\n"
+        "caught = {signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, caught)\n"
+        "print('ready', flush=True)\n"
         "sys.stdin.read()\n"
+        "sys.exit(3 if signal.sigpending() & caught else 0)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline() == "ready\n"  # type: ignore[union-attr]  # signals blocked
 
     class Live:
         pid = proc.pid
@@ -71,9 +78,9 @@ def live_pid() -> Any:
             return proc.poll() is None
 
         @staticmethod
-        def stop() -> None:
+        def stop() -> int:
             proc.stdin.close()  # type: ignore[union-attr]
-            proc.wait(HANG_S)
+            return proc.wait(HANG_S)
 
     yield Live
     if proc.poll() is None:
@@ -105,8 +112,9 @@ def test_a_live_writers_files_are_no_leftovers_until_it_is_gone(
     assert all(os.path.exists(p) for p in mine)
     assert first_difference(eng.load("ckpt"), state_of(2)) is None
 
-    assert live_pid.running()  # asking whether it runs did not signal it
-    live_pid.stop()  # the writer is gone: what it left is now a leftover
+    assert live_pid.running()
+    assert live_pid.stop() == 0  # asking whether it ran sent it no signal
+    # the writer is gone: what it left is now a leftover
     assert sorted(generations.leftovers(dirs, "ckpt")) == mine
     assert cli.main(["clean", *dirs, "--name", "ckpt"]) == 0
     assert not any(os.path.exists(p) for p in mine)
@@ -229,6 +237,7 @@ def test_a_save_over_a_damaged_manifest_spares_a_save_in_flight(
     eng.save(state_of(2), "ckpt").wait()
     assert all(os.path.exists(p) for p in theirs)
     assert first_difference(eng.load("ckpt"), state_of(2)) is None
+    assert live_pid.stop() == 0  # and asking whether it ran sent it no signal
 
 
 # -- the manifest's format ----------------------------------------------------------------------
