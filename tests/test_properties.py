@@ -613,7 +613,12 @@ def wsum64_by_definition(data: bytes) -> str:
     return f"{s1:016x}{s2:016x}-{len(data):x}"
 
 
-@given(st.binary(max_size=300), st.integers(0, 3))
+@given(st.binary(max_size=300), st.integers(0, 7))
+# Empty slices and whole words at offsets that are not multiples of 4: only the storage-offset
+# test clones them (an empty slice's address says nothing), and a 32-bit view of them fails.
+@example(data=b"", misalign=3)
+@example(data=b"", misalign=5)
+@example(data=b"\x01\x02\x03\x04", misalign=6)
 def test_wsum64_is_its_definition(data: bytes, misalign: int) -> None:
     raw = torch.frombuffer(bytearray(b"\0" * misalign + data + b"\0"), dtype=torch.uint8)
     mem = raw[misalign : misalign + len(data)]
