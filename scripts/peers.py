@@ -28,7 +28,7 @@ from typing import Any
 
 from bench import engines
 from bench.common import devices, sizes
-from bench.measure import ceiling, env, results
+from bench.measure import ceiling, clock, env, results
 from bench.measure import timers as measure
 from bench.storage.verify import first_difference, first_tensor_difference
 from bench.workloads import synthetic_state
@@ -127,7 +127,8 @@ def main() -> int:
         for name, label, eng in made:
             gc.collect()  # the last restore's garbage is not this save's (bench.run.rows.save_phase)
             measure.drop_page_cache()
-            res = eng.save(state, f"peers-{rep}").wait()
+            # The harness's clock around the save, as in a sweep (bench.measure.clock)
+            res = clock.clocked(eng).save(state, f"peers-{rep}").wait()
             loaded = eng.load(f"peers-{rep}", device=str(dev.torch_device))
             diff = (first_tensor_difference if eng.traits.loose_keys else first_difference)(
                 state, loaded
@@ -170,7 +171,10 @@ def main() -> int:
         w.writerows(rows)
     envb = env.collect([os.path.abspath(a.target)], engines.environment_blocks())
     envb.update(
-        device={"kind": dev.kind, "emulated": dev.emulated}, copy_ceilings=copies, size_bytes=size
+        device={"kind": dev.kind, "emulated": dev.emulated},
+        copy_ceilings=copies,
+        size_bytes=size,
+        stall_clock=clock.STALL_CLOCK,
     )
     if has_fio:
         envb["fio_buffers"] = ceiling.fio_env()[1]

@@ -198,7 +198,17 @@ def check_result(result: Any, eng: Any, state: Any, name: str, dirs: list[str]) 
     non_contiguous = sum(not t.is_contiguous() for _, t in iter_tensors(state))
     if eng.name == "gds":
         assert result.gds_mode == "emulated"
-        assert result.copied_tensors == non_contiguous
+        # Tensors under coalesce_below are copied into the coalescing buffer whatever their
+        # strides; of the others, a strided one needs a contiguous copy first.
+        below = eng.options.coalesce_below
+        sizes = [(t.numel() * t.element_size(), t) for _, t in iter_tensors(state)]
+        small = [t for n, t in sizes if 0 < n < below]
+        assert result.copied_tensors == sum(
+            not t.is_contiguous() for n, t in sizes if not 0 < n < below
+        )
+        assert result.extra["coalesced_tensors"] == len(small)
+        assert result.extra["coalesced_bytes"] == sum(t.numel() * t.element_size() for t in small)
+        del non_contiguous
     else:
         # The other engines say they have no GDS mode, with SaveResult's default.
         assert result.gds_mode == NO_GDS_MODE

@@ -111,10 +111,8 @@ class BurnEngine:
             time.sleep(self.seconds)
 
     def save(self, state: Any, name: str) -> PendingSave:
-        t0 = time.perf_counter_ns()
-        pending = PendingSave(SaveResult(name=name, bytes=0), t0)
+        pending = PendingSave(SaveResult(name=name, bytes=0))
         self._burn(self.stall_kind)
-        pending.result.stall_s = (time.perf_counter_ns() - t0) / 1e9
         if self.persist_kind == "none":
             pending.finish_now()
         elif self.persist_kind == "thread":

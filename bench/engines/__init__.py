@@ -10,7 +10,8 @@ importing torch or any engine. The class declares the rest (`traits`, see
 bench.common.traits, and the contract in bench.engines.base); tests/test_engines.py checks that
 every registered engine keeps it. A new engine is a module here and a line below.
 
-Imports: bench.common, bench.storage, bench.measure.
+Imports: bench.common, bench.storage, bench.measure (the clock that `create()` puts around an
+engine).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from bench.common.errors import UserError
 from bench.common.schema import validated
 from bench.engines import options as opts
+from bench.measure.clock import Clocked
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,11 @@ def environment_blocks() -> dict[str, Any]:
     return {e.env_block[0]: _resolve(e.env_block[1])() for e in ENGINES.values() if e.env_block}
 
 
-def create(name: str, targets: list[str], **options: Any) -> Any:
-    """A ready engine writing to `targets` (directories, in order); options are engine knobs."""
+def create(name: str, targets: list[str], **options: Any) -> Clocked:
+    """A ready engine writing to `targets` (directories, in order), behind the harness's clock
+    (bench.measure.clock: its save() is timed from outside); options are engine knobs."""
     validate_options(name, options)  # a bad option is said first, wherever the engine runs
     reason = unavailable(name, options)
     if reason:
         raise UserError(f"engine {name} cannot run here: {reason}")
-    return REGISTRY[name](list(targets), **options)
+    return Clocked(REGISTRY[name](list(targets), **options))

@@ -9,15 +9,18 @@ An engine saves a state (any nested structure of tensors and plain values, as
     state = eng.load("step-100", device="cpu")
     eng.close()
 
-`stall_s` runs from the call of `save()` until it returns (including any wait for the previous
-save to finish persisting), `total_s` until the bytes are durable, `persist_s = total_s - stall_s`.
+`create()` returns the engine behind the harness's clock (bench.measure.clock): `stall_s` runs
+from the call of `save()` until it returns (including any wait for the previous save to finish
+persisting), `total_s` until the bytes are durable, `persist_s = total_s - stall_s`, all three
+read by the clock around the call. An engine never sets them: it reports only the parts the
+clock cannot see (`wait_prev_s`, `hash_s`, and in `extra` how its time split).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -27,14 +30,15 @@ from bench.common.traits import Traits
 
 @dataclass
 class SaveResult:
-    """What one save cost; bytes in bytes, times in seconds."""
+    """What one save cost; bytes in bytes, times in seconds. `stall_s`, `persist_s` and
+    `total_s` are the harness's (bench.measure.clock fills them); the engine fills the rest."""
 
     name: str
     bytes: int
     save_id: str = ""  # names this save's files (see bench.storage.manifest)
-    stall_s: float = 0.0
-    persist_s: float = 0.0
-    total_s: float = 0.0
+    stall_s: float = 0.0  # set by the clock: the wall time of save()
+    persist_s: float = 0.0  # set by the clock: total_s - stall_s
+    total_s: float = 0.0  # set by the clock: from the call of save() until durable
     hash_s: float = 0.0  # time spent computing checksums (on the persist path)
     wait_prev_s: float = 0.0  # part of stall_s spent waiting for the previous save
     staging_grew: bool = False  # the staging buffer had to be (re)allocated inside this save
@@ -47,20 +51,21 @@ class SaveResult:
 
 
 class PendingSave:
-    """A save in flight: `wait()` blocks until durable and returns the SaveResult.
+    """A save in flight, as the engine hands it back: `wait()` blocks until durable and returns
+    the SaveResult. It keeps no time: the harness's clock (bench.measure.clock) asks to be told
+    the moment it is durable (`on_durable`)."""
 
-    Made by engines; `t0_ns` is when `save()` was called, `stall_end_ns` when it returned.
-    """
-
-    def __init__(self, result: SaveResult, t0_ns: int) -> None:
+    def __init__(self, result: SaveResult) -> None:
         self.result = result
-        self.t0_ns = t0_ns
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self._finished = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def run_in_background(self, fn: Any) -> None:
-        """Run `fn()` (the persist phase) in a thread; finish the timing when it returns."""
+        """Run `fn()` (the persist phase) in a thread; durable when it returns."""
 
         def body() -> None:
             try:
@@ -76,17 +81,30 @@ class PendingSave:
         self._thread.start()
 
     def finish_now(self) -> None:
-        """For engines whose save is synchronous: durable when save() returns, so the total is
-        the stall (set `result.stall_s` first) and nothing persists in the background."""
-        r = self.result
-        r.total_s, r.persist_s = r.stall_s, 0.0
-        self._done.set()
+        """For engines whose save is synchronous: durable when save() returns, nothing persists
+        in the background."""
+        self._finish()
 
     def _finish(self) -> None:
-        r = self.result
-        r.total_s = (time.perf_counter_ns() - self.t0_ns) / 1e9
-        r.persist_s = max(0.0, r.total_s - r.stall_s)
-        self._done.set()
+        # The callbacks (the clock reading the durable moment) run before done() turns true, so
+        # that whoever sees it done sees the moment read.
+        with self._lock:
+            self._finished = True
+            callbacks, self._callbacks = self._callbacks, []
+        try:
+            for cb in callbacks:
+                cb()
+        finally:
+            self._done.set()
+
+    def on_durable(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the save is durable (or failed): now if it already is, else
+        from the thread that finishes it."""
+        with self._lock:
+            if not self._finished:
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -108,6 +126,7 @@ class MemoryPlan:
 
     staging: int = 0  # kept from warm() through every save: staging, a cached copy, buffers
     pinned: bool = False  # that staging is page-locked (CUDA)
+    staging_device: int = 0  # device memory kept the same way (CUDA): gds's coalescing buffer
     save: int = 0  # added while a save runs (a copy the library makes, per-tensor transients)
     page_cache: int = 0  # page cache a save fills (the kernel reclaims it; said, not refused)
     # A restore into new memory: host memory it adds (and device memory on CUDA)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,11 +93,11 @@ class BaselineEngine:
         self, state: Any, name: str, write: Any, extra: dict[str, Any] | None = None
     ) -> Any:
         """A synchronous save: `write(gen_dir)` writes and fsyncs the library's files into a new
-        generation directory, committed atomically after; the stall is the whole durable write."""
+        generation directory, committed atomically after: durable when save() returns, so the
+        clock's stall is the whole durable write."""
         from bench.engines.base import PendingSave, SaveResult
         from bench.storage.tree import flatten
 
-        t0 = time.perf_counter_ns()
         _, tensors = flatten(state)
         result = SaveResult(
             name=name,
@@ -115,8 +114,7 @@ class BaselineEngine:
             self._abort(name, result.save_id)
             raise
         result.pinned_bytes = self.pinned_bytes
-        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
-        pending = PendingSave(result, t0)
+        pending = PendingSave(result)
         pending.finish_now()
         return pending
 

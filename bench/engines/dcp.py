@@ -147,8 +147,7 @@ class Dcp(BaselineEngine):
             extra={"staging": self.options.staging, "checkpointer": self.options.checkpointer},
         )
         result.pinned_bytes = self._staged_bytes
-        result.stall_s = (time.perf_counter_ns() - t0) / 1e9
-        pending = PendingSave(result, t0)
+        pending = PendingSave(result)
 
         def persist() -> None:
             try:

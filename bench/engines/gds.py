@@ -56,17 +56,21 @@ import os
 import re
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize, check_name
-from bench.engines.striped import StripedEngine, check_into
+from bench.engines.striped import Job, StripedEngine, batch_copy, check_into
 from bench.measure import env as env_mod
-from bench.storage import checksums, generations, layout, manifest, odirect
+from bench.storage import checksums, generations, layout, odirect
+from bench.storage.plan import SavePlan
 from bench.storage.staging import PinnedBuffer
 from bench.storage.tree import flatten, unflatten
 
@@ -198,9 +202,9 @@ def nvfs_counters(path: str | None = None) -> dict[str, int] | None:
         if not sep or key not in names:
             continue
         fields = dict(re.findall(r"(?:^|\s)([A-Za-z-]+)=(\d+)", rest))
-        for field, name in names[key].items():
-            if field in fields:
-                out[name] = int(fields[field])
+        for key_name, name in names[key].items():
+            if key_name in fields:
+                out[name] = int(fields[key_name])
         if key == "Writes" and "pg-cache" in fields:
             out["pg_cache"] = int(fields["pg-cache"])
     return out
@@ -307,6 +311,94 @@ def _kvikio_error(e: BaseException, path: str) -> OSError:
     return OSError(errno.EIO, f"kvikio: {' '.join(str(e).split())[:300]}", path)
 
 
+@dataclass
+class Round:
+    """One window of the coalesced stream: the tensors copied into the buffer for it, where,
+    and the chunks then written from the buffer."""
+
+    tensors: list[int]  # the plan's tensor indices
+    starts: list[int]  # their offsets in the buffer
+    pieces: list[tuple[int, int, int, int]]  # (target, file offset, buffer offset, length)
+    dsts: list[torch.Tensor] = field(default_factory=list)  # typed views of the buffer (bound)
+
+
+class Coalescing:
+    """Where gds puts one plan's tensors (`Gds._place`): the small ones in windows of the
+    coalescing buffer (`rounds`), the others written from their own memory (`direct`), and the
+    files' lengths of the coalesced part. Bound to a buffer (`bind`), once for the layout: the
+    copies' destinations, the pieces and the host views hashed."""
+
+    def __init__(
+        self,
+        rounds: list[Round],
+        direct: list[int],
+        file_bytes: dict[int, int],
+        nbytes: int,
+        size: int,
+    ) -> None:
+        self.rounds = rounds
+        self.direct = direct
+        self.file_bytes = file_bytes
+        self.nbytes = nbytes  # tensor bytes coalesced
+        self.size = size  # bytes of buffer it needs (one window, or less)
+        self.buffer: torch.Tensor | None = None
+        self._pieces: list[list[layout.Piece]] = []
+        self._views: list[list[np.ndarray]] = []  # host buffer: each tensor's bytes, by round
+
+    def bind(self, buffer: torch.Tensor, plan: SavePlan, device: bool, as_numpy: bool) -> None:
+        """`device`: the buffer is device memory (hashed there); `as_numpy`: its pieces are
+        written from a numpy view (the emulation's O_DIRECT writes take the buffer protocol)."""
+        entries = plan.entries
+        host = None if device else buffer.numpy()
+        mem: Any = host if as_numpy and host is not None else buffer
+        self._pieces, self._views = [], []
+        for r in self.rounds:
+            r.dsts = [
+                buffer[s : s + entries[i].nbytes].view(plan.dtypes[i]).view(plan.shapes[i])
+                for i, s in zip(r.tensors, r.starts, strict=True)
+            ]
+            self._pieces.append([layout.Piece(t, f, mem, at, n) for t, f, at, n in r.pieces])
+            if host is not None:
+                self._views.append(
+                    [
+                        host[s : s + entries[i].nbytes]
+                        for i, s in zip(r.tensors, r.starts, strict=True)
+                    ]
+                )
+        self.buffer = buffer
+
+    def unbind(self) -> None:
+        for r in self.rounds:
+            r.dsts = []
+        self._pieces, self._views, self.buffer = [], [], None
+
+    def pieces_of(self, k: int) -> list[layout.Piece]:
+        return self._pieces[k]
+
+    def hash_round(self, k: int, job: Job) -> None:
+        """The checksums of window k's tensors, from the buffer: xxh3 on the host, wsum64 of
+        all of them at once on the device (`checksums.segment_sums`)."""
+        r = self.rounds[k]
+        if self._views:
+            for i, v in zip(r.tensors, self._views[k], strict=True):
+                job.xxh3[i] = checksums.checksum(v)
+            return
+        assert self.buffer is not None
+        entries = job.plan.entries
+        sizes = [entries[i].nbytes for i in r.tensors]
+        sums = checksums.segment_sums(self.buffer, r.starts, sizes).tolist()
+        for i, (s1, s2), n in zip(r.tensors, sums, sizes, strict=True):
+            job.wsum64[i] = checksums.wsum64_digest(s1, s2, n)
+
+    def describe(self) -> dict[str, Any]:
+        """For the row's io_detail: what was coalesced."""
+        return {
+            "coalesced_tensors": sum(len(r.tensors) for r in self.rounds),
+            "coalesced_bytes": self.nbytes,
+            "coalesce_rounds": len(self.rounds),
+        }
+
+
 class Gds(StripedEngine):
     name = "gds"
     traits = Traits(
@@ -333,6 +425,10 @@ class Gds(StripedEngine):
         self._register_note = ""
         self._kv_before: dict[str, Any] | None = None  # kvikio's settings before this engine's
         self._hash_stream: Any = None
+        self._coalesce: Coalescing | None = None  # of the plan (bench.storage.plan)
+        self._cbuf: torch.Tensor | None = None  # the coalescing buffer
+        self._cbuf_bytes = 0
+        self._cbuf_host: odirect.HostBuffer | None = None  # its memory when on the host
         self._bounce = threading.local()
         self._bounces: list[PinnedBuffer] = []
         self._bounce_lock = threading.Lock()
@@ -371,21 +467,31 @@ class Gds(StripedEngine):
 
     @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
-        """No staging. Through kvikio: its bounce buffers (`bounce_buffer_size`, 16 MiB by
-        default, per thread, in compat mode) and restores straight into device memory; the
-        emulation on CUDA: a pinned bounce buffer per writer thread."""
+        """No staging but the coalescing buffer (at most `coalesce_bytes`, or the state, in
+        device memory on CUDA with the checksums' temporaries beside it: 4 words of 8 bytes
+        for each of `checksums.SEGMENT_WORDS`). Through kvikio: its bounce buffers
+        (`bounce_buffer_size`, 16 MiB by default, per thread, in compat mode) and restores
+        straight into device memory; the emulation on CUDA: a pinned bounce buffer per writer
+        thread."""
         threads = options.threads_per_target * size.targets
         base = super().memory_plan(size, options)
+        coalesce = 0
+        if options.coalesce_below and size.tensors:
+            window = max(options.chunk_bytes, options.coalesce_bytes)
+            coalesce = min(window, size.nbytes + size.tensors * layout.TENSOR_ALIGN)
+        device = coalesce + (32 * checksums.SEGMENT_WORDS if coalesce and options.checksums else 0)
         kvikio = size.cuda and options.io in ("auto", "kvikio")
         if kvikio:
             return MemoryPlan(
                 staging=threads * (16 << 20),
+                staging_device=device,
                 restore_device=size.nbytes,
                 in_place_host=0,
             )
         bounce = threads * (options.chunk_bytes + 2 * odirect.ALIGN) if size.cuda else 0
         return MemoryPlan(
-            staging=bounce,
+            staging=bounce + (0 if size.cuda else coalesce),
+            staging_device=device if size.cuda else 0,
             pinned=size.cuda,
             restore_host=base.restore_host,
             restore_device=base.restore_device,
@@ -490,7 +596,11 @@ class Gds(StripedEngine):
         outside the timed region. kvikio registers the whole CUDA allocation holding a pointer
         and refuses a second registration inside it, so each allocation is registered once,
         for all the tensors in it; a failure is recorded with the tensors it left out, and the
-        other allocations are still registered."""
+        other allocations are still registered. First the state's plan and its coalescing
+        buffer are made (registered with the rest)."""
+        self.wait_idle()
+        plan, _, _ = self._plan_for(state)
+        self._bound_coalesce(plan)
         if self.io != "kvikio":
             return
         self._ensure_settings()
@@ -502,6 +612,8 @@ class Gds(StripedEngine):
             self._register_note = "not registered: kvikio is in compat mode"
             return
         _, tensors = flatten(state)
+        if self._cbuf is not None and on_device(self._cbuf):
+            tensors = [*tensors, ("(the coalescing buffer)", self._cbuf)]
         groups: dict[int, tuple[int, torch.Tensor, list[str]]] = {}
         failed: list[tuple[str, str]] = []
         ptr_of = {path: t.data_ptr() for path, t in tensors}
@@ -548,8 +660,19 @@ class Gds(StripedEngine):
                 pass
         self._registered.clear()
 
+    def _deregister_buffer(self, buf: torch.Tensor) -> None:
+        """Before the coalescing buffer is freed: its registration goes, and with it that of
+        the tensors sharing its allocation (`warm()` registers them again)."""
+        if buf.numel() and buf.data_ptr() in self._registered_ptrs:
+            self._deregister()
+
+    def release(self) -> None:
+        super().release()
+        self._free_coalesce_buffer()
+
     def close(self) -> None:
         super().close()
+        self._free_coalesce_buffer()
         if self._kvikio is not None:
             self._deregister()
             self._restore_settings()
@@ -564,52 +687,177 @@ class Gds(StripedEngine):
 
     # -- save -------------------------------------------------------------------------------
 
-    def _save(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
-        result = pending.result
-        mems, dev = [], []
-        for _, t in tensors:
-            src = t.detach()
+    def _place(self, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
+        """Coalesce the small tensors, as a GDS user with many of them would: every tensor
+        under `coalesce_below` is copied (device to device, at HBM speed on a GPU) into one
+        buffer of `coalesce_bytes` and written from there in chunks, where thousands of small
+        writes would each pay a cuFile call and a file system round trip (on the emulation, an
+        O_DIRECT write each: 200 us a 4 KiB tensor here). They are packed as the snapshot
+        engines pack staging (64-byte aligned, chunks dealt round-robin), in windows of the
+        buffer's size that no tensor straddles; the file of each target holds its coalesced
+        chunks first, then the other tensors, written from their own memory (`layout.direct`,
+        placed at every save: their addresses decide it)."""
+        entries, chunk, n = plan.entries, self.options.chunk_bytes, len(self.targets)
+        below = self.options.coalesce_below
+        window = max(chunk, self.options.coalesce_bytes // chunk * chunk)
+        small = [i for i, e in enumerate(entries) if 0 < e.nbytes < below]
+        offsets, pos = [], 0
+        for i in small:
+            nb = entries[i].nbytes
+            pos = -(-pos // layout.TENSOR_ALIGN) * layout.TENSOR_ALIGN
+            if pos // window != (pos + nb - 1) // window:
+                pos = (pos // window + 1) * window  # start the next window: none straddles
+            offsets.append(pos)
+            pos += nb
+        pieces, file_bytes = layout.packed(
+            np.empty(0, dtype=np.uint8), pos, [entries[i] for i in small], offsets, n, chunk
+        )
+        rounds = [Round([], [], []) for _ in range(-(-pos // window))]
+        for i, off in zip(small, offsets, strict=True):
+            r = rounds[off // window]
+            r.tensors.append(i)
+            r.starts.append(off - (off // window) * window)
+        for p in pieces:
+            rounds[p.start // window].pieces.append(
+                (p.target, p.file_offset, p.start % window, p.length)
+            )
+        direct = [i for i, e in enumerate(entries) if not 0 < e.nbytes < below]
+        if self._coalesce is not None:
+            self._coalesce.unbind()
+        self._coalesce = Coalescing(
+            rounds, direct, file_bytes, sum(entries[i].nbytes for i in small), min(pos, window)
+        )
+
+    def _save(self, pending: PendingSave, job: Job) -> None:
+        result, tensors, plan = job.result, job.tensors, job.plan
+        co = self._bound_coalesce(plan)
+        if any(plan.cuda) and not self.device.is_cuda:
+            raise UserError("engine gds: io=emulated on device tensors needs device: cuda")
+        dev = [on_device(t) for t in tensors] if self.device.is_cuda else [False] * len(tensors)
+        # The other tensors are written from their own memory; a strided one from a copy.
+        mems: dict[int, torch.Tensor] = {}
+        for i in co.direct:
+            src = tensors[i].detach()
             if not src.is_contiguous():
                 src = src.contiguous()
                 result.copied_tensors += 1
-            mem = (
-                src.reshape(-1).view(torch.uint8)
-                if src.numel()
-                else torch.empty(0, dtype=torch.uint8, device=src.device)
+            mems[i] = src.reshape(-1).view(torch.uint8)
+        srcs = [mems[i] if dev[i] or self.io != "emulated" else mems[i].numpy() for i in co.direct]
+        entries = plan.entries
+        pieces, _ = layout.direct(
+            srcs,
+            [entries[i] for i in co.direct],
+            len(self.targets),
+            self.options.chunk_bytes,
+            start=co.file_bytes,
+        )
+        assert plan.table is not None
+        plan.table.update(co.direct)  # their extents follow their addresses
+        file_bytes = dict(co.file_bytes)
+        for p in pieces:
+            file_bytes[p.target] = max(
+                file_bytes.get(p.target, 0), odirect.align_up(p.file_offset + p.length)
             )
-            mems.append(mem)
-            dev.append(on_device(t))
         if self.io == "emulated":
-            if any(dev) and not self.device.is_cuda:
-                raise UserError("engine gds: io=emulated on device tensors needs device: cuda")
-            srcs = [m if d else m.numpy() for m, d in zip(mems, dev, strict=True)]
-            pieces, file_bytes = layout.direct(
-                srcs, entries, len(self.targets), self.options.chunk_bytes
-            )
-            self._persist(result, result.name, tree, entries, pieces, file_bytes, srcs)
+            self._persist_emulated(job, co, pieces, file_bytes, mems, dev)
             result.extra = {
                 "io": "emulated",
-                "device_bytes": 0
-                if not any(dev)
-                else sum(m.numel() for m, d in zip(mems, dev, strict=True) if d),
+                "device_bytes": sum(entries[i].nbytes for i, d in enumerate(dev) if d),
             }
         else:
-            pieces, file_bytes = layout.direct(
-                mems, entries, len(self.targets), self.options.chunk_bytes
-            )
-            self._persist_kvikio(result, tree, entries, pieces, file_bytes, mems, dev, tensors)
+            self._persist_kvikio(job, co, pieces, file_bytes, mems, dev)
+        result.extra.update(co.describe())
         result.pinned_bytes = self.pinned_bytes
-        # Training may touch the tensors only now: the stall is the whole durable write.
-        result.stall_s = (time.perf_counter_ns() - pending.t0_ns) / 1e9
+        # Training may touch the tensors only once save() returns: the stall is the whole
+        # durable write.
         pending.finish_now()
 
-    def _hash(self, entry: manifest.TensorEntry, view: Any) -> None:
+    def _bound_coalesce(self, plan: SavePlan) -> Coalescing:
+        """The plan's Coalescing with its buffer made and its destinations bound: device memory
+        on CUDA (registered with cuFile in `warm()`), else pre-faulted host memory."""
+        co = self._coalesce
+        assert co is not None, "a plan is placed before it is bound"
+        if co.buffer is None and co.size:
+            if self._cbuf is None or self._cbuf_bytes < co.size:
+                self._free_coalesce_buffer()
+                if self.device.is_cuda:
+                    raw = device_empty(co.size + odirect.ALIGN, self.device.torch_device)
+                    skip = (-raw.data_ptr()) % odirect.ALIGN
+                    self._cbuf = raw[skip : skip + co.size]
+                else:
+                    host = odirect.HostBuffer(co.size, prefault=True)
+                    self._cbuf_host = host
+                    self._cbuf = torch.frombuffer(host.mapping, dtype=torch.uint8, count=co.size)
+                self._cbuf_bytes = co.size
+            cuda = self.device.is_cuda
+            co.bind(self._cbuf, plan, cuda, self.io == "emulated" and not cuda)
+        return co
+
+    def _free_coalesce_buffer(self) -> None:
+        if self._coalesce is not None:
+            self._coalesce.unbind()
+        if self._cbuf is not None:
+            self._deregister_buffer(self._cbuf)
+        self._cbuf, self._cbuf_bytes = None, 0
+        if self._cbuf_host is not None:
+            self._cbuf_host.close()
+            self._cbuf_host = None
+
+    def _coalesced_rounds(self, job: Job, co: Coalescing, write_round: Any) -> None:
+        """Each window in turn: its tensors copied into the buffer (device to device on a GPU),
+        its chunks handed to `write_round(pieces)`, which returns a wait for them; its checksums
+        computed while they are written; the buffer reused once they are done."""
+        tensors, cuda = job.tensors, self.device.is_cuda
+        for k, r in enumerate(co.rounds):
+            batch_copy(r.dsts, [tensors[i] for i in r.tensors], cuda)
+            if cuda:
+                self._device_sync()
+            wait = write_round(co.pieces_of(k))
+            if self.options.checksums:
+                h0 = time.perf_counter_ns()
+                co.hash_round(k, job)
+                job.result.hash_s += (time.perf_counter_ns() - h0) / 1e9
+            wait()
+
+    def _persist_emulated(
+        self,
+        job: Job,
+        co: Coalescing,
+        pieces: list[layout.Piece],
+        file_bytes: dict[int, int],
+        mems: dict[int, torch.Tensor],
+        dev: list[bool],
+    ) -> None:
+        """O_DIRECT from the tensors' own memory and from the coalescing buffer, as the kvikio
+        path writes (the emulation of gds: never GDS numbers)."""
+        fds = self._open(job.result, file_bytes)
+        futures: list[Future] = []
+
+        def write_round(round_pieces: list[layout.Piece]) -> Any:
+            fs = [self._pool.submit(self._write_piece, fds[p.target], p) for p in round_pieces]
+            futures.extend(fs)
+            return lambda: [f.result() for f in fs]
+
+        try:
+            futures += [self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces]
+            self._coalesced_rounds(job, co, write_round)
+            if self.options.checksums:
+                h0 = time.perf_counter_ns()
+                for i in co.direct:
+                    self._hash_one(job, i, mems[i] if dev[i] else mems[i].numpy())
+                job.result.hash_s += (time.perf_counter_ns() - h0) / 1e9
+        except BaseException:
+            self._close(fds, futures)
+            raise
+        self._drain(job, fds, futures, file_bytes)
+
+    def _hash_one(self, job: Job, i: int, view: Any) -> None:
         """Device memory (a tensor here: io=emulated on CUDA) is hashed where it is, by torch
         kernels (wsum64); host memory (a numpy array) with xxh3."""
         if isinstance(view, torch.Tensor):
-            entry.wsum64 = checksums.device_checksum(view)
+            job.wsum64[i] = checksums.device_checksum(view)
         else:
-            entry.xxh3 = checksums.checksum(view)
+            job.xxh3[i] = checksums.checksum(view)
 
     def _side_stream(self) -> Any:
         """The stream the device checksums run on: a torch side stream (non-blocking with
@@ -622,14 +870,15 @@ class Gds(StripedEngine):
         return self._hash_stream
 
     def _hash_kvikio(
-        self, entries: list[manifest.TensorEntry], mems: list[torch.Tensor], dev: list[bool]
+        self, job: Job, idx: list[int], mems: dict[int, torch.Tensor], dev: list[bool]
     ) -> None:
-        """Checksums while kvikio's threads write: host tensors with xxh3; device tensors by
-        torch kernels on a side stream, their sums read back to the host once."""
-        on_dev = [i for i, d in enumerate(dev) if d]
-        for i, d in enumerate(dev):
-            if not d:
-                entries[i].xxh3 = checksums.checksum(mems[i].numpy())
+        """Checksums of the directly written tensors while kvikio's threads write: host tensors
+        with xxh3; device tensors by torch kernels on a side stream, their sums read back to the
+        host once."""
+        on_dev = [i for i in idx if dev[i]]
+        for i in idx:
+            if not dev[i]:
+                job.xxh3[i] = checksums.checksum(mems[i].numpy())
         if not on_dev:
             return
         stream = self._side_stream()
@@ -638,44 +887,68 @@ class Gds(StripedEngine):
             stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             sums = torch.stack([checksums.device_sums(mems[i]) for i in on_dev]).cpu()
+        entries = job.plan.entries
         for row, i in zip(sums.tolist(), on_dev, strict=True):
-            entries[i].wsum64 = checksums.wsum64_digest(row[0], row[1], entries[i].nbytes)
+            job.wsum64[i] = checksums.wsum64_digest(row[0], row[1], entries[i].nbytes)
 
     def _persist_kvikio(
         self,
-        result: Any,
-        tree: Any,
-        entries: list[manifest.TensorEntry],
+        job: Job,
+        co: Coalescing,
         pieces: list[layout.Piece],
         file_bytes: dict[int, int],
-        mems: list[torch.Tensor],
+        mems: dict[int, torch.Tensor],
         dev: list[bool],
-        tensors: list,
     ) -> None:
         """Write with kvikio CuFile.pwrite from device memory (paced where a target is capped),
-        hash meanwhile, fsync, commit the manifest; label the save from what its files did."""
+        the coalesced tensors window by window from the coalescing buffer, hash meanwhile,
+        fsync, commit the manifest; label the save from what its files did."""
+        result, entries = job.result, job.plan.entries
         name = result.name
         settings = self._settings()
         reset = self._ensure_settings()  # a no-op unless someone changed kvikio's settings
         reasons: list[str] = []
         files: dict[int, Any] = {}
-        futures: list[Any] = [None] * len(pieces)
+        issued: list[layout.Piece] = []  # every piece handed to kvikio, in order
+        futures: list[Any] = []  # its future; None once waited for (`written` has its count)
+        written: list[int] = []
         issuers: list[Any] = []
         paths = {t: layout.data_file(self.targets, name, t, result.save_id) for t in file_bytes}
-        device_mem = {id(m) for m, d in zip(mems, dev, strict=True) if d}
+        device_mem = {id(mems[i]) for i in co.direct if dev[i]}
+        if co.buffer is not None and self.device.is_cuda:
+            device_mem.add(id(co.buffer))
+        lock = threading.Lock()
         self._prepare(result)
         nvfs_before = nvfs_counters()
 
-        def issue(i: int) -> None:
-            p = pieces[i]
+        def issue(p: layout.Piece) -> None:
             bucket = self._buckets[p.target]
             if bucket is not None:
                 bucket.take(p.length)
             buf = kvikio_buffer(p.mem[p.start : p.start + p.length], id(p.mem) in device_mem)
             try:
-                futures[i] = files[p.target].pwrite(buf, p.length, p.file_offset)
+                f = files[p.target].pwrite(buf, p.length, p.file_offset)
             except RuntimeError as e:
                 raise _kvikio_error(e, paths[p.target]) from None
+            with lock:
+                issued.append(p)
+                futures.append(f)
+                written.append(-1)
+
+        def wait_for(first: int, count: int) -> None:
+            """Wait for the pieces issued at [first, first + count) (each future once)."""
+            for k in range(first, first + count):
+                with lock:
+                    f, futures[k] = futures[k], None
+                if f is not None:
+                    written[k] = _wait_all([f], [paths[issued[k].target]])[0]
+
+        def write_round(round_pieces: list[layout.Piece]) -> Any:
+            with lock:
+                first = len(issued)
+            for p in round_pieces:
+                issue(p)
+            return lambda: wait_for(first, len(round_pieces))
 
         try:
             for t, n in file_bytes.items():
@@ -689,21 +962,22 @@ class Gds(StripedEngine):
                         os.close(fd)
             if any(b is not None for b in self._buckets):
                 # Capped targets: each target's pieces are handed to kvikio no faster than its
-                # cap, from the engine's threads, while this thread hashes.
-                order: dict[int, list[int]] = {}
-                for i, p in enumerate(pieces):
-                    order.setdefault(p.target, []).append(i)
+                # cap, from the engine's threads, while this thread coalesces and hashes.
+                order: dict[int, list[layout.Piece]] = {}
+                for p in pieces:
+                    order.setdefault(p.target, []).append(p)
                 issuers = [
-                    self._pool.submit(lambda ids: [issue(i) for i in ids], ids)
-                    for ids in order.values()
+                    self._pool.submit(lambda ps: [issue(p) for p in ps], ps)
+                    for ps in order.values()
                 ]
             else:
-                for i in range(len(pieces)):
-                    issue(i)
+                for p in pieces:
+                    issue(p)
+            self._coalesced_rounds(job, co, write_round)
             if self.options.checksums:
                 h0 = time.perf_counter_ns()
-                self._hash_kvikio(entries, mems, dev)
-                result.hash_s = (time.perf_counter_ns() - h0) / 1e9
+                self._hash_kvikio(job, co.direct, mems, dev)
+                result.hash_s += (time.perf_counter_ns() - h0) / 1e9
             for f in issuers:
                 f.result()
         finally:
@@ -715,23 +989,29 @@ class Gds(StripedEngine):
                         f.result()
                     except BaseException:  # raised above, or by the waits below
                         pass
-                written = _wait_all(futures, [paths[p.target] for p in pieces])
+                with lock:
+                    left = [(k, f) for k, f in enumerate(futures) if f is not None]
+                    for k, _ in left:
+                        futures[k] = None
+                got = _wait_all([f for _, f in left], [paths[issued[k].target] for k, _ in left])
+                for (k, _), n in zip(left, got, strict=True):
+                    written[k] = n
                 self._device_sync()
             finally:
                 for f in files.values():
                     f.close()
         # A short write is not an error to cuFile; it is one to a checkpoint.
-        for p, n in zip(pieces, written, strict=True):
+        for p, n in zip(issued, written, strict=True):
             if n != p.length:
                 raise OSError(
                     errno.EIO,
                     f"kvikio wrote {n} of {p.length} bytes at {p.file_offset}",
                     paths[p.target],
                 )
-        device_bytes = sum(p.length for p in pieces if id(p.mem) in device_mem)
+        device_bytes = sum(p.length for p in issued if id(p.mem) in device_mem)
         small = sum(
             p.length
-            for p in pieces
+            for p in issued
             if id(p.mem) in device_mem and p.length < settings["gds_threshold"]
         )
         if small:
@@ -750,15 +1030,16 @@ class Gds(StripedEngine):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        written_from = [mems[i] for i in co.direct if dev[i] and mems[i].numel()]
+        if co.buffer is not None and self.device.is_cuda:
+            written_from.append(co.buffer)
         registered = {
             self._registered_ptrs[m.data_ptr()]
-            for m, d in zip(mems, dev, strict=True)
-            if d and m.numel() and m.data_ptr() in self._registered_ptrs
+            for m in written_from
+            if m.data_ptr() in self._registered_ptrs
         }
         unregistered = sum(
-            e.nbytes
-            for e, m, d in zip(entries, mems, dev, strict=True)
-            if d and m.numel() and m.data_ptr() not in self._registered_ptrs
+            m.numel() for m in written_from if m.data_ptr() not in self._registered_ptrs
         )
         result.extra = {
             "io": "kvikio",
@@ -768,8 +1049,7 @@ class Gds(StripedEngine):
             "compat_mode": "OFF (fallback ON per file)" if self.options.allow_compat else "OFF",
             "files": len(file_bytes),
             "device_bytes": device_bytes,
-            "host_bytes": result.bytes
-            - sum(e.nbytes for e, d in zip(entries, dev, strict=True) if d),
+            "host_bytes": sum(entries[i].nbytes for i in co.direct if not dev[i]),
             "registered_bytes": sum(self._registered[b][1] for b in registered),
             "unregistered_device_bytes": unregistered,
             **({"register_note": self._register_note} if self._register_note else {}),
@@ -777,7 +1057,7 @@ class Gds(StripedEngine):
             "gds_evidence": evidence,
             **({"compat_reasons": reasons} if reasons else {}),
         }
-        self._commit(result, tree, entries, file_bytes)
+        self._commit(job, file_bytes)
 
     def _device_sync(self) -> None:
         self.device.synchronize()

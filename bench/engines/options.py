@@ -80,6 +80,18 @@ class GdsOptions(StripedOptions):
     # 16 KiB); 0 sends every device byte to cuFile.
     gds_threshold: SizeOrZero = 0
     register_buffers: bool = True  # register the state's device tensors with cuFile in warm()
+    # Tensors smaller than this are copied (device to device on a GPU) into one coalescing
+    # buffer and written from it in chunks, instead of one small write each (0: off).
+    coalesce_below: SizeOrZero = 1 << 20
+    # That buffer's size: the coalesced tensors go through it a window at a time.
+    coalesce_bytes: Size = 64 << 20
+
+    @field_validator("coalesce_bytes")
+    @classmethod
+    def _window(cls, v: int) -> int:
+        if v % ALIGN:
+            raise ValueError(f"must be a multiple of {ALIGN}, got {v}")
+        return v
 
 
 class DcpOptions(Strict):

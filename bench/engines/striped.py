@@ -16,6 +16,8 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,12 +37,26 @@ from bench.engines.base import (
     check_targets,
 )
 from bench.storage import checksums, generations, layout, manifest, odirect, pacing
+from bench.storage.plan import SavePlan, walk
 from bench.storage.staging import COPY_PIECE, Staging, copy_tasks, run_copies
 from bench.storage.tree import flatten, unflatten
 
 
 def _now() -> int:
     return time.perf_counter_ns()
+
+
+@dataclass
+class Job:
+    """One save on its way through an engine: its result, its plan, this save's tensors and
+    scalar values, and the checksums its persist records (one slot per tensor)."""
+
+    result: SaveResult
+    plan: SavePlan
+    tensors: list[torch.Tensor]
+    scalars: list[Any]
+    xxh3: list[str | None]
+    wsum64: list[str | None]
 
 
 class StripedEngine:
@@ -75,6 +91,7 @@ class StripedEngine:
             else None
         )
         self._pending: PendingSave | None = None
+        self._plan: SavePlan | None = None  # of the last state saved (bench.storage.plan)
         self.overlap = self._resolve_overlap(n_copy)
         caps = self.options.max_write_bw
         if isinstance(caps, list | tuple) and len(caps) != len(self.targets):
@@ -114,37 +131,66 @@ class StripedEngine:
     # -- save -------------------------------------------------------------------------------
 
     def save(self, state: Any, name: str) -> PendingSave:
-        t0 = _now()
+        t0 = _now()  # for the wait on the previous save only: the stall is the clock's
         check_name(name)
         wait_prev = 0.0
         if self._pending is not None and not self._pending.done():
             self._pending._done.wait()  # its error, if any, is reported by its own wait()
             wait_prev = (_now() - t0) / 1e9
-        tree, tensors = flatten(state)
-        entries = [manifest.tensor_entry(p, t) for p, t in tensors]
-        result = SaveResult(
-            name=name,
-            bytes=sum(e.nbytes for e in entries),
-            wait_prev_s=wait_prev,
-            checksums=self.options.checksums,
-            gds_mode=self.gds_mode(),
-        )
-        result.save_id = manifest.new_save_id()
-        pending = PendingSave(result, t0)
+        job = self._job(state, name)
+        result = job.result
+        result.wait_prev_s = wait_prev
+        pending = PendingSave(result)
         # A refusal raises here, before anything is written; the claim itself is written by
         # `_prepare`, with this save's first file: after the stall on the snapshot engines,
         # inside it with bounded staging (its first chunk is written while it copies).
         generations.check_claim(self.targets, name)
         try:
             with torch.no_grad():
-                self._save(pending, tree, tensors, entries)
+                self._save(pending, job)
         except BaseException:
             self._abort(name, result.save_id)
             raise
         self._pending = pending
         return pending
 
-    def _save(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
+    def _plan_for(self, state: Any) -> tuple[SavePlan, list[torch.Tensor], list[Any]]:
+        """The save plan for `state` with its tensors and scalar values: the last plan while the
+        state's layout is the same (a walk, ~0.4 us a tensor), else a new one, placed by the
+        engine (`_place`)."""
+        w = walk(state)
+        p = self._plan
+        if w is not None and p is not None and p.fits(w) and self._still_placed(p, w.tensors):
+            return p, w.tensors, w.scalars
+        self._plan = None
+        p, tensors, scalars = SavePlan.build(state, w)
+        self._place(p, tensors)
+        p.placed()
+        if w is not None:
+            self._plan = p
+        return p, tensors, scalars
+
+    def _job(self, state: Any, name: str) -> Job:
+        p, tensors, scalars = self._plan_for(state)
+        n = len(p.entries)
+        result = SaveResult(
+            name=name,
+            bytes=p.nbytes,
+            save_id=manifest.new_save_id(),
+            checksums=self.options.checksums,
+            gds_mode=self.gds_mode(),
+        )
+        return Job(result, p, tensors, scalars, [None] * n, [None] * n)
+
+    def _place(self, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
+        """Fill the plan's entries' extents and keep what the engine's saves of it need."""
+        raise NotImplementedError
+
+    def _still_placed(self, plan: SavePlan, tensors: list[torch.Tensor]) -> bool:
+        """The placement of `plan` holds for these tensors too (the layout matched already)."""
+        return True
+
+    def _save(self, pending: PendingSave, job: Job) -> None:
         raise NotImplementedError
 
     def gds_mode(self) -> str:
@@ -182,29 +228,24 @@ class StripedEngine:
 
     def _persist(
         self,
-        result: SaveResult,
-        name: str,
-        tree: Any,
-        entries: list[manifest.TensorEntry],
+        job: Job,
         pieces: list[layout.Piece],
         file_bytes: dict[int, int],
-        hash_views: list[np.ndarray],
+        hash_views: list[Any],
     ) -> None:
         """Write every piece, hash, fsync files and directories, then commit the manifest."""
-        fds = self._open(result, file_bytes)
+        fds = self._open(job.result, file_bytes)
         futures: list[Future] = []
         try:
             futures = [self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces]
         except BaseException:
             self._close(fds, futures)
             raise
-        self._hash_and_drain(result, tree, entries, fds, futures, file_bytes, hash_views)
+        self._hash_and_drain(job, fds, futures, file_bytes, hash_views)
 
     def _hash_and_drain(
         self,
-        result: SaveResult,
-        tree: Any,
-        entries: list[manifest.TensorEntry],
+        job: Job,
         fds: dict[int, int],
         futures: list[Future],
         file_bytes: dict[int, int],
@@ -214,17 +255,16 @@ class StripedEngine:
         try:
             if self.options.checksums:
                 h0 = _now()
-                for e, view in zip(entries, views, strict=True):
-                    self._hash(e, view)
-                result.hash_s = (_now() - h0) / 1e9
+                self._hash_all(job, views)
+                job.result.hash_s = (_now() - h0) / 1e9
         except BaseException:
             self._close(fds, futures)
             raise
-        self._drain(result, tree, entries, fds, futures, file_bytes)
+        self._drain(job, fds, futures, file_bytes)
 
-    def _hash(self, entry: manifest.TensorEntry, view: Any) -> None:
-        """Record the checksum of one tensor's bytes (host memory: xxh3)."""
-        entry.xxh3 = checksums.checksum(view)
+    def _hash_all(self, job: Job, views: list[Any]) -> None:
+        """Record the checksum of every tensor's bytes (host memory: xxh3)."""
+        job.xxh3[:] = [checksums.checksum(v) for v in views]
 
     def _open(self, result: SaveResult, file_bytes: dict[int, int]) -> dict[int, int]:
         """Mark this save running (`_prepare`), then open its data file on every target that
@@ -258,9 +298,7 @@ class StripedEngine:
 
     def _drain(
         self,
-        result: SaveResult,
-        tree: Any,
-        entries: list[manifest.TensorEntry],
+        job: Job,
         fds: dict[int, int],
         futures: list[Future],
         file_bytes: dict[int, int],
@@ -277,7 +315,7 @@ class StripedEngine:
             list(self._pool.map(os.fsync, fds.values()))
         finally:
             self._close(fds, futures)
-        self._commit(result, tree, entries, file_bytes)
+        self._commit(job, file_bytes)
 
     def _write_piece(self, fd: int, piece: layout.Piece) -> None:
         """One piece, paced when its target carries a write-bandwidth cap."""
@@ -286,18 +324,14 @@ class StripedEngine:
             bucket.take(piece.length)
         layout.write_piece(fd, piece, self.o_direct)
 
-    def _commit(
-        self,
-        result: SaveResult,
-        tree: Any,
-        entries: list[manifest.TensorEntry],
-        file_bytes: dict[int, int],
-    ) -> None:
+    def _commit(self, job: Job, file_bytes: dict[int, int]) -> None:
         """Make the new files durable, switch the manifest to them, then drop the old generation."""
+        result, plan = job.result, job.plan
         name, save_id = result.name, result.save_id
         for t in self.targets:
             manifest.fsync_dir(manifest.checkpoint_dir(t, name))
             manifest.fsync_dir(t)
+        assert plan.table is not None
         m = manifest.Manifest(
             name=name,
             engine=self.name,
@@ -306,12 +340,14 @@ class StripedEngine:
                 t: {"file": manifest.data_file_name(t, save_id), "bytes": n}
                 for t, n in file_bytes.items()
             },
-            tensors=entries,
-            tree=tree,
+            tensors=plan.entries,  # their text, with this save's checksums, is tensors_json
+            tree=None,  # its text, with this save's scalars, is tree_json
             checksums=self.options.checksums,
             payload_bytes=result.bytes,
             save_id=save_id,
             extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
+            tree_json=plan.tree_json(job.scalars),
+            tensors_json=plan.table.render(job.xxh3, job.wsum64),
         )
         previous = manifest.committed(self.targets, name)
         damaged = previous is None and os.path.exists(manifest.manifest_path(self.targets, name))
@@ -442,8 +478,127 @@ def check_into(m: manifest.Manifest, dst: list[torch.Tensor]) -> None:
             )
 
 
+# Tensors of fewer elements than this are copied into staging by torch's batched copy
+# (torch._foreach_copy_): one call for thousands of tensors, about 1.3 us a tensor where a Python
+# loop of copies costs 3-5 us (issue 32). Below it torch copies a tensor in the calling thread
+# alone (at::internal::GRAIN_SIZE), so no copy ends in a barrier of its thread pool, which a
+# descheduled thread stretches (bench/PERF.md); larger tensors go by pieces as before.
+BATCH_BELOW = 1 << 15
+
+
+def batch_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor], non_blocking: bool) -> None:
+    """dsts[i].copy_(srcs[i]) for every i, in one call where torch has the batched copy."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(dsts, srcs, non_blocking=non_blocking)
+        return
+    for d, t in zip(dsts, srcs, strict=True):  # a torch without it
+        d.copy_(t, non_blocking=non_blocking)
+
+
+def _split(idx: list[int], nbytes: list[int], parts: int) -> list[list[int]]:
+    """`idx` cut into at most `parts` runs of about equal bytes, in order."""
+    total = sum(nbytes[i] for i in idx)
+    if parts <= 1 or len(idx) < 2 or not total:
+        return [idx] if idx else []
+    out: list[list[int]] = [[]]
+    share, acc = total / parts, 0
+    for i in idx:
+        if acc >= share * len(out) and len(out) < parts:
+            out.append([])
+        out[-1].append(i)
+        acc += nbytes[i]
+    return [run for run in out if run]
+
+
+@dataclass
+class Packing:
+    """Where a snapshot engine puts one plan's tensors: their offsets in the packed staging
+    stream (64-byte aligned), its length, the files' lengths, and which tensors are copied by
+    torch's batched copy (`batch`: small ones, whole; with overlap, only those inside one
+    chunk) and which by pieces (`pieced`). Bound to one staging buffer (`bind`): its pieces,
+    each tensor's bytes in it (hashed on the persist path) and the batches' typed
+    destinations, made once for the layout, not at every save."""
+
+    offsets: list[int]
+    used: int
+    file_bytes: dict[int, int]
+    batch: list[int]
+    pieced: list[int]
+    array: np.ndarray | None = None
+    pieces: list[layout.Piece] = field(default_factory=list)
+    views: list[np.ndarray] = field(default_factory=list)
+    # without overlap: host batches (one per copy thread) and the device batch
+    host_groups: list[tuple[list[int], list[torch.Tensor]]] = field(default_factory=list)
+    dev_group: tuple[list[int], list[torch.Tensor]] = ([], [])
+    # with overlap, per chunk: its host batch, its device batch, the spans of pieced tensors in
+    # it as (tensor, start, end) in staging offsets
+    chunk_host: list[tuple[list[int], list[torch.Tensor]]] = field(default_factory=list)
+    chunk_dev: list[tuple[list[int], list[torch.Tensor]]] = field(default_factory=list)
+    chunk_spans: list[list[tuple[int, int, int]]] = field(default_factory=list)
+
+    def bind(
+        self, staging: Staging, plan: SavePlan, chunk: int, groups: int, overlap: bool
+    ) -> None:
+        """Make the pieces, views and destinations for `staging`'s buffer."""
+        self.unbind()
+        arr, tensor = staging.array, staging.tensor
+        entries = plan.entries
+        self.pieces = [
+            layout.Piece(p.target, p.file_offset, arr, p.start, p.length) for p in self.pieces
+        ]
+        self.views = [arr[o : o + e.nbytes] for e, o in zip(entries, self.offsets, strict=True)]
+
+        def dst(i: int) -> torch.Tensor:
+            o = self.offsets[i]
+            return tensor[o : o + entries[i].nbytes].view(plan.dtypes[i]).view(plan.shapes[i])
+
+        def group(idx: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+            return idx, [dst(i) for i in idx]
+
+        nbytes = [e.nbytes for e in entries]
+        host = [i for i in self.batch if not plan.cuda[i]]
+        dev = [i for i in self.batch if plan.cuda[i]]
+        if not overlap:
+            self.host_groups = [group(run) for run in _split(host, nbytes, groups)]
+            self.dev_group = group(dev)
+        else:
+            n_chunks = len(self.pieces)
+            by_chunk: list[list[int]] = [[] for _ in range(n_chunks)]
+            for i in self.batch:
+                by_chunk[self.offsets[i] // chunk].append(i)
+            self.chunk_host = [group([i for i in b if not plan.cuda[i]]) for b in by_chunk]
+            self.chunk_dev = [group([i for i in b if plan.cuda[i]]) for b in by_chunk]
+            self.chunk_spans = [[] for _ in range(n_chunks)]
+            for i in self.pieced:
+                pos, end = self.offsets[i], self.offsets[i] + nbytes[i]
+                while pos < end:
+                    j = pos // chunk
+                    stop = min(end, (j + 1) * chunk)
+                    self.chunk_spans[j].append((i, pos, stop))
+                    pos = stop
+        self.array = arr
+
+    def unbind(self) -> None:
+        """Drop every view of the staging buffer, so that releasing it frees its memory."""
+        self.array = None
+        self.pieces = [
+            layout.Piece(p.target, p.file_offset, None, p.start, p.length) for p in self.pieces
+        ]
+        self.views = []
+        self.host_groups, self.dev_group = [], ([], [])
+        self.chunk_host, self.chunk_dev, self.chunk_spans = [], [], []
+
+
 class SnapshotEngine(StripedEngine):
-    """cpu-double and cpu-single: snapshot into staging (the stall), persist in the background."""
+    """cpu-double and cpu-single: snapshot into staging (the stall), persist in the background.
+
+    The snapshot of a state of many small tensors costs little per tensor: the plan of its
+    layout (bench.storage.plan) and its Packing are made once (in `warm()`, or by the first
+    save of the layout), and each save walks the state, copies the small tensors with torch's
+    batched copy and the large ones by pieces in the copy threads, and starts its persist."""
+
+    _packing: Packing | None = None
 
     @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
@@ -465,77 +620,110 @@ class SnapshotEngine(StripedEngine):
         k = self.options.staging_chunks
         return min(used, k * self.options.chunk_bytes) if k else used
 
-    def warm(self, state: Any) -> None:
-        _, tensors = flatten(state)
-        entries = [manifest.tensor_entry(p, t) for p, t in tensors]
-        self.wait_idle()
-        self.staging.ensure(self._staging_need(layout.pack_offsets(entries)[1]))
-
-    def _save(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
-        if self.options.staging_chunks:
-            self._save_ring(pending, tree, tensors, entries)
-            return
-        if self.overlap:
-            self._save_overlapped(pending, tree, tensors, entries)
-            return
-        result = pending.result
+    def _place(self, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
+        """The packed layout: every tensor at a 64-byte aligned offset of one stream, cut into
+        chunks dealt round-robin to the targets; extents into the plan's entries."""
+        if self._packing is not None:
+            self._packing.unbind()
+        entries, chunk = plan.entries, self.options.chunk_bytes
         offsets, used = layout.pack_offsets(entries)
-        result.staging_grew = self.staging.ensure(used)
-        staging, arr = self.staging.tensor, self.staging.array
-        host = []
-        for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
+        pieces, file_bytes = layout.packed(
+            np.empty(0, dtype=np.uint8), used, entries, offsets, len(self.targets), chunk
+        )
+        batch, pieced = [], []
+        for i, (t, e, off) in enumerate(zip(tensors, entries, offsets, strict=True)):
             if not e.nbytes:
                 continue
+            whole = not self.overlap or off // chunk == (off + e.nbytes - 1) // chunk
+            (batch if t.numel() < BATCH_BELOW and whole else pieced).append(i)
+        self._packing = Packing(offsets, used, file_bytes, batch, pieced, pieces=pieces)
+
+    def _bound(self, plan: SavePlan) -> tuple[Packing, bool]:
+        """The plan's Packing, bound to a staging buffer large enough for it; True if the
+        buffer had to grow (be made anew)."""
+        pk = self._packing
+        assert pk is not None, "a plan is placed before it is bound"
+        need = self._staging_need(pk.used)
+        if pk.array is not None and pk.array is self.staging.array:
+            return pk, False
+        pk.unbind()  # no view of the old buffer may keep its memory
+        grew = self.staging.ensure(need)
+        if not self.options.staging_chunks:
+            pk.bind(
+                self.staging, plan, self.options.chunk_bytes, self._copy_threads(), self.overlap
+            )
+        return pk, grew
+
+    def _copy_threads(self) -> int:
+        return self._copy_pool._max_workers if self._copy_pool is not None else 1
+
+    def warm(self, state: Any) -> None:
+        """The state's plan and its Packing, and staging for it: made, pre-faulted and bound
+        here, outside any timed region."""
+        self.wait_idle()
+        plan, _, _ = self._plan_for(state)
+        self._bound(plan)
+
+    def release(self) -> None:
+        self.wait_idle()
+        if self._packing is not None:
+            self._packing.unbind()
+        super().release()
+
+    def close(self) -> None:
+        self.wait_idle()
+        if self._packing is not None:
+            self._packing.unbind()
+        super().close()
+
+    def _save(self, pending: PendingSave, job: Job) -> None:
+        if self.options.staging_chunks:
+            self._save_ring(pending, job)
+            return
+        pk, grew = self._bound(job.plan)
+        job.result.staging_grew = grew
+        if self.overlap:
+            self._save_overlapped(pending, job, pk)
+            return
+        result, tensors, entries = job.result, job.tensors, job.plan.entries
+        staging, arr = self.staging.tensor, self.staging.array
+        c0 = _now()
+        work = [
+            partial(batch_copy, dsts, [tensors[i] for i in idx], False)
+            for idx, dsts in pk.host_groups
+        ]
+        idx, dsts = pk.dev_group
+        if idx:  # device-to-host copies are queued from this thread, on its current stream
+            batch_copy(dsts, [tensors[i] for i in idx], True)
+        host = []
+        for i in pk.pieced:
+            t, off, n = tensors[i], pk.offsets[i], entries[i].nbytes
             if t.device.type == "cpu" and t.is_contiguous():
-                host.append((arr[off : off + e.nbytes], _host_bytes(t)))
+                host.append((arr[off : off + n], _host_bytes(t)))
             else:
-                dst = staging[off : off + e.nbytes].view(t.dtype).view(t.shape)
-                dst.copy_(t, non_blocking=True)
-        # Host tensors: plain memcpys (np.copyto releases the GIL) in pieces that the copy threads
-        # take from one queue. Not torch's copy_: its parallel copy ends every tensor with a
-        # thread barrier, which stretched the stall badly when another process held a core
-        # (64 x 4 MiB: 155 ms instead of 33 ms on a busy 2-core host); a queue of pieces loses at
-        # most one piece's time to a descheduled thread (bench/PERF.md).
-        tasks = copy_tasks(host, COPY_PIECE)
-        if self._copy_pool is not None and len(tasks) > 1:
-            list(self._copy_pool.map(run_copies, tasks))
+                staging[off : off + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
+        # Host bytes: the batches and plain memcpys (np.copyto releases the GIL) in pieces that
+        # the copy threads take from one queue. Not torch's copy_ for large tensors: its
+        # parallel copy ends every tensor with a thread barrier, which stretched the stall badly
+        # when another process held a core (64 x 4 MiB: 155 ms instead of 33 ms on a busy
+        # 2-core host); a queue of pieces loses at most one piece's time to a descheduled
+        # thread (bench/PERF.md).
+        work += [partial(run_copies, task) for task in copy_tasks(host, COPY_PIECE)]
+        if self._copy_pool is not None and len(work) > 1:
+            list(self._copy_pool.map(lambda f: f(), work))
         else:
-            for task in tasks:
-                run_copies(task)
+            for f in work:
+                f()
         self.device.synchronize()
         result.pinned_bytes = self.staging.pinned_bytes
-        result.stall_s = (_now() - pending.t0_ns) / 1e9
         result.extra = {
             "overlap": False,
+            "copy_s": (_now() - c0) / 1e9,
             **(self.staging.describe() if self.device.is_cuda else {}),
         }
-        arr = self.staging.array
-        pieces, file_bytes = layout.packed(
-            arr, used, entries, offsets, len(self.targets), self.options.chunk_bytes
-        )
-        views = [arr[off : off + e.nbytes] for e, off in zip(entries, offsets, strict=True)]
-        name = result.name
-        self._in_background(
-            pending, lambda: self._persist(result, name, tree, entries, pieces, file_bytes, views)
-        )
+        self._in_background(pending, lambda: self._persist(job, pk.pieces, pk.file_bytes, pk.views))
 
-    def _chunk_spans(self, entries: list, offsets: list[int], used: int) -> list[list[tuple]]:
-        """For every chunk of the packed staging buffer, the tensor spans in it:
-        (tensor index, start, end) in staging offsets."""
-        chunk = self.options.chunk_bytes
-        spans: list[list[tuple]] = [[] for _ in range(-(-used // chunk))]
-        for i, (e, off) in enumerate(zip(entries, offsets, strict=True)):
-            pos, end = off, off + e.nbytes
-            while pos < end:
-                j = pos // chunk
-                stop = min(end, (j + 1) * chunk)
-                spans[j].append((i, pos, stop))
-                pos = stop
-        return spans
-
-    def _save_overlapped(
-        self, pending: PendingSave, tree: Any, tensors: list, entries: list
-    ) -> None:
+    def _save_overlapped(self, pending: PendingSave, job: Job, pk: Packing) -> None:
         """The whole state into staging chunk by chunk, each chunk written as soon as it is in
         staging: persisting starts with the first chunk instead of after the last, so the time
         to durability approaches max(copy, write) rather than their sum, while the stall still
@@ -543,30 +731,25 @@ class SnapshotEngine(StripedEngine):
         submitting its chunk's write when done; device chunks are copied on a side CUDA stream
         with an event per chunk, and each write waits for its chunk's event (the copy of chunk
         k+1 overlaps the write of chunk k)."""
-        result = pending.result
-        n = len(self.targets)
-        offsets, used = layout.pack_offsets(entries)
-        result.staging_grew = self.staging.ensure(used)
+        result, tensors = job.result, job.tensors
         staging, arr = self.staging.tensor, self.staging.array
-        pieces, file_bytes = layout.packed(arr, used, entries, offsets, n, self.options.chunk_bytes)
-        # Contiguous tensors are copied chunk by chunk; a strided one goes whole into its
-        # staging region up front, by a strided copy (no extra contiguous copy).
-        srcs: list[Any] = []
+        pieces, file_bytes, offsets = pk.pieces, pk.file_bytes, pk.offsets
+        c0 = _now()
+        # Pieced tensors: contiguous ones are copied chunk by chunk; a strided one goes whole
+        # into its staging region up front, by a strided copy (no extra contiguous copy).
+        srcs: dict[int, Any] = {}
         strided: list[tuple[torch.Tensor, int]] = []
-        for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
-            src = t.detach()
-            if not e.nbytes or not src.is_contiguous():
-                srcs.append(None)
-                if e.nbytes:
-                    strided.append((src, off))
+        for i in pk.pieced:
+            src = tensors[i].detach()
+            if not src.is_contiguous():
+                strided.append((src, offsets[i]))
                 continue
             flat = src.reshape(-1).view(torch.uint8)
-            srcs.append(flat.numpy() if flat.device.type == "cpu" else flat)
-        spans = self._chunk_spans(entries, offsets, used)
+            srcs[i] = flat.numpy() if flat.device.type == "cpu" else flat
         fds_f = self._pool.submit(self._open, result, file_bytes)
         writes: list[Future | None] = [None] * len(pieces)
         stream = None
-        if any(t.device.type != "cpu" for _, t in tensors):
+        if any(job.plan.cuda):
             stream = torch.cuda.Stream(device=self.device.torch_device)
             stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
         # `last`: the newest event on the copy stream. Its copies run in order, so a chunk waits
@@ -603,8 +786,11 @@ class SnapshotEngine(StripedEngine):
                     gate.release()
 
         def copy_chunk(j: int, event: Any) -> None:
-            for i, a, b in spans[j]:
-                src = srcs[i]
+            idx, dsts = pk.chunk_host[j]
+            if idx:
+                batch_copy(dsts, [tensors[i] for i in idx], False)
+            for i, a, b in pk.chunk_spans[j]:
+                src = srcs.get(i)
                 if isinstance(src, np.ndarray):  # host; strided ones are in staging already
                     np.copyto(arr[a:b], src[a - offsets[i] : b - offsets[i]])
             writes[j] = self._pool.submit(write, j, event)
@@ -613,13 +799,16 @@ class SnapshotEngine(StripedEngine):
         try:
             for j in range(len(pieces)):
                 event = last
+                dev_idx, dev_dsts = pk.chunk_dev[j]
                 device_spans = [
                     (i, a, b)
-                    for i, a, b in spans[j]
-                    if srcs[i] is not None and not isinstance(srcs[i], np.ndarray)
+                    for i, a, b in pk.chunk_spans[j]
+                    if i in srcs and not isinstance(srcs[i], np.ndarray)
                 ]
-                if device_spans:
+                if dev_idx or device_spans:
                     with torch.cuda.stream(stream):
+                        if dev_idx:
+                            batch_copy(dev_dsts, [tensors[i] for i in dev_idx], True)
                         for i, a, b in device_spans:
                             staging[a:b].copy_(
                                 srcs[i][a - offsets[i] : b - offsets[i]], non_blocking=True
@@ -643,31 +832,32 @@ class SnapshotEngine(StripedEngine):
             self._close(fds_f.result(), [f for f in writes if f is not None])
             raise
         result.pinned_bytes = self.staging.pinned_bytes
-        result.stall_s = (_now() - pending.t0_ns) / 1e9
         copying.clear()
-        result.extra = {"overlap": True, **(self.staging.describe() if self.device.is_cuda else {})}
-        views = [arr[off : off + e.nbytes] for e, off in zip(entries, offsets, strict=True)]
-
+        result.extra = {
+            "overlap": True,
+            "copy_s": (_now() - c0) / 1e9,
+            **(self.staging.describe() if self.device.is_cuda else {}),
+        }
         futures = [f for f in writes if f is not None]
         self._in_background(
             pending,
-            lambda: self._hash_and_drain(
-                result, tree, entries, fds_f.result(), futures, file_bytes, views
-            ),
+            lambda: self._hash_and_drain(job, fds_f.result(), futures, file_bytes, pk.views),
         )
 
-    def _save_ring(self, pending: PendingSave, tree: Any, tensors: list, entries: list) -> None:
+    def _save_ring(self, pending: PendingSave, job: Job) -> None:
         """Bounded staging: a ring of K chunk buffers. Each chunk of the packed stream is copied
         into a free slot and written at once; save() returns when the last chunk is copied, so
         host memory is K x chunk and the stall grows toward the write time as K shrinks.
-        Checksums are updated chunk by chunk in the copying thread (inside the stall)."""
-        result = pending.result
+        Checksums are updated chunk by chunk in the copying thread (inside the stall). Made for
+        states larger than host memory can stage, of large tensors: it copies tensor by
+        tensor, a few microseconds each."""
+        result, tensors, entries = job.result, job.tensors, job.plan.entries
+        pk, grew = self._bound(job.plan)
+        result.staging_grew = grew
         k, chunk, n = self.options.staging_chunks, self.options.chunk_bytes, len(self.targets)
-        offsets, used = layout.pack_offsets(entries)
-        result.staging_grew = self.staging.ensure(self._staging_need(used))
-        _, file_bytes = layout.packed(self.staging.array, used, entries, offsets, n, chunk)
+        offsets, used, file_bytes = pk.offsets, pk.used, pk.file_bytes
         srcs = []
-        for _, t in tensors:
+        for t in tensors:
             src = t.detach()
             if not src.is_contiguous():
                 src = src.contiguous()
@@ -678,6 +868,7 @@ class SnapshotEngine(StripedEngine):
         slots: list[Future | None] = [None] * k
         fds = self._open(result, file_bytes)
         hash_ns, first = 0, 0
+        c0 = _now()
         try:
             for j in range(-(-used // chunk)):
                 lo, hi = j * chunk, min((j + 1) * chunk, used)
@@ -710,14 +901,12 @@ class SnapshotEngine(StripedEngine):
             self._close(fds, [f for f in slots if f is not None])
             raise
         if hashers is not None:
-            for e, h in zip(entries, hashers, strict=True):
-                e.xxh3 = h.hexdigest()
+            job.xxh3[:] = [h.hexdigest() for h in hashers]
         result.hash_s = hash_ns / 1e9
         result.pinned_bytes = self.staging.pinned_bytes
-        result.stall_s = (_now() - pending.t0_ns) / 1e9
-        if self.device.is_cuda:
-            result.extra = self.staging.describe()
+        result.extra = {
+            "copy_s": (_now() - c0) / 1e9,  # with the writes of all but the last K chunks
+            **(self.staging.describe() if self.device.is_cuda else {}),
+        }
         futures = [f for f in slots if f is not None]
-        self._in_background(
-            pending, lambda: self._drain(result, tree, entries, fds, futures, file_bytes)
-        )
+        self._in_background(pending, lambda: self._drain(job, fds, futures, file_bytes))

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from bench.common.errors import UserError
 from bench.config.sweep import engine_options
 from bench.engines import ENGINES, REGISTRY, create, environment_blocks
-from bench.measure import env, results
+from bench.measure import clock, env, results
 from bench.storage import odirect
 
 
@@ -172,6 +172,8 @@ class Core:
             self.run_id, self.run_dir = results.new_run_dir(self.out_root, self.cfg.name)
             envb = env.collect(targets, environment_blocks())
             envb["device"] = {"kind": self.device.kind, "emulated": self.device.emulated}
+            # whose clock the stalls are (bench.measure.clock); runs before 0.2.0 lack it
+            envb["stall_clock"] = clock.STALL_CLOCK
             envb["config"] = config
             envb["engines"] = engine_block(engines)
         self.env = envb
@@ -195,6 +197,12 @@ class Core:
             raise UserError(
                 f"--resume {run_dir}: the config changed since that run ({k}: "
                 f"{old.get(k)!r} then, {new.get(k)!r} now); start a new run instead"
+            )
+        if envb.get("stall_clock") != clock.STALL_CLOCK:
+            raise UserError(
+                f"--resume {run_dir}: its stalls were taken from the engines' own timers "
+                "(ckptbench before 0.2.0); this version times save() in the harness, and one "
+                "run must not mix the two; start a new run instead"
             )
         if envb.get("device", {}).get("kind") != self.device.kind:
             raise UserError(

@@ -139,8 +139,9 @@ def ways_out(
 
 
 def _device_need(plan: MemoryPlan, size: StateSize, restore: str) -> int:
-    """Device memory a case holds on CUDA: the state, and a fresh restore beside it."""
-    return size.nbytes + (plan.restore_device if restore == "fresh" else 0)
+    """Device memory a case holds on CUDA: the state, the engine's device buffers, and a
+    fresh restore beside it."""
+    return size.nbytes + plan.staging_device + (plan.restore_device if restore == "fresh" else 0)
 
 
 def _choose(

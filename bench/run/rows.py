@@ -14,8 +14,8 @@ import socket
 from typing import Any
 
 from bench.engines import REGISTRY
+from bench.measure import clock, hostcost, results
 from bench.measure import efficiency as judge
-from bench.measure import hostcost, results
 from bench.measure import timers as measure
 from bench.measure.efficiency import beaten
 from bench.storage import verify
@@ -121,10 +121,12 @@ def save_phase(
     after_save: Any = None,
     host: hostcost.Host | None = None,
 ) -> None:
-    """Save `state` as `name` and wait until durable, sampling memory and reading what it
-    cost the host (bench.measure.hostcost: the stall ends when save() returns; `host` holds the run's
-    idle baseline, taken away from the host figures, and its DRAM counters); fills the row's
-    save columns.
+    """Save `state` as `name` and wait until durable, timed by the harness's clock
+    (bench.measure.clock: the stall and the time to durability are read around the engine's
+    save(), never taken from it), sampling memory and reading what it cost the host
+    (bench.measure.hostcost: the stall ends when save() returns; `host` holds the run's idle
+    baseline, taken away from the host figures, and its DRAM counters); fills the row's save
+    columns.
     `after_save()`, if given, runs between save() returning and the wait (a hook for fault
     injection). Raises what the save raised.
 
@@ -136,7 +138,7 @@ def save_phase(
     sampler.start()
     meter = (host or hostcost.Host()).meter(sampler).start()
     try:
-        pending = eng.save(state, name)
+        pending = clock.clocked(eng).save(state, name)
         meter.stall()
         if after_save is not None:
             after_save()

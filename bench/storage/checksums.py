@@ -73,3 +73,68 @@ def entry_matches(e: Any, mem: Any) -> bool:
         t = torch.from_numpy(mem) if not isinstance(mem, torch.Tensor) else mem
         return device_checksum(t) == e.wsum64
     return True
+
+
+SEGMENT_WORDS = 1 << 22  # words summed at a time by `segment_sums` (bounds its temporaries)
+
+
+def segment_sums(mem: torch.Tensor, starts: list[int], nbytes: list[int]) -> torch.Tensor:
+    """The two sums of `wsum64` of many segments of one flat uint8 tensor at once, as a
+    (segments, 2) int64 tensor where the bytes are: a few kernels for thousands of small
+    tensors packed in one buffer, where `device_sums` launches several per tensor (gds's
+    coalescing buffer, issue 32). Each start must be a multiple of 4 from a 4-byte aligned
+    address; the segments in order and apart. The bytes of a segment's last, partial word
+    past its end are masked off, as wsum64 pads with zeros.
+
+    Word g of the buffer weighs g - s + 1 in a segment starting at word s, so over the words of
+    a segment S2 = sum(g * w) - (s - 1) * S1: two running sums over the whole buffer give both
+    sums of every segment (int64 arithmetic wraps modulo 2^64 on CPU and GPU alike)."""
+    n = len(starts)
+    out = torch.zeros((n, 2), dtype=torch.int64, device=mem.device)
+    if n == 0:
+        return out
+    if mem.data_ptr() % 4 or any(s % 4 for s in starts):
+        raise ValueError("segment_sums: segments must start on 4-byte boundaries")
+    lo = 0
+    while lo < n:
+        # a run of segments spanning at most SEGMENT_WORDS words (a longer segment alone)
+        base = starts[lo] // 4
+        hi = lo + 1
+        while hi < n and (starts[hi] + nbytes[hi] + 3) // 4 - base <= SEGMENT_WORDS:
+            hi += 1
+        end = (starts[hi - 1] + nbytes[hi - 1] + 3) // 4
+        _run_sums(mem, starts[lo:hi], nbytes[lo:hi], base, end, out[lo:hi])
+        lo = hi
+    return out
+
+
+def _run_sums(
+    mem: torch.Tensor, starts: list[int], nbytes: list[int], base: int, end: int, out: torch.Tensor
+) -> None:
+    """`segment_sums` of segments that lie within words [base, end) of `mem`."""
+    dev = mem.device
+    span = mem[base * 4 : min(end * 4, mem.numel())]
+    short = (end - base) * 4 - span.numel()
+    if short:  # the buffer ends inside the last word: zero-extend it
+        span = torch.cat([span, torch.zeros(short, dtype=torch.uint8, device=dev)])
+    w = span.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    # the partial last words: keep only their segment's bytes (little-endian: the low ones)
+    last = [((s + b) // 4 - base, (s + b) % 4) for s, b in zip(starts, nbytes, strict=True)]
+    partial = [(i, k) for i, k in last if k]
+    if partial:
+        at = torch.tensor([i for i, _ in partial], dtype=torch.int64, device=dev)
+        keep = torch.tensor([(1 << (8 * k)) - 1 for _, k in partial], dtype=torch.int64, device=dev)
+        w[at] = w[at] & keep
+    c1 = torch.zeros(w.numel() + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(w, 0, out=c1[1:])
+    g = torch.arange(base, base + w.numel(), dtype=torch.int64, device=dev)
+    w.mul_(g)
+    c2 = torch.zeros(w.numel() + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(w, 0, out=c2[1:])
+    a = torch.tensor([s // 4 - base for s in starts], dtype=torch.int64, device=dev)
+    ends = [(s + nb + 3) // 4 - base for s, nb in zip(starts, nbytes, strict=True)]
+    b = torch.tensor(ends, dtype=torch.int64, device=dev)
+    s1 = c1[b] - c1[a]
+    s2 = (c2[b] - c2[a]) - (a + base - 1) * s1
+    out[:, 0] = s1
+    out[:, 1] = s2

@@ -91,11 +91,16 @@ def packed(
 
 
 def direct(
-    mems: list[Any], entries: list[TensorEntry], n_targets: int, chunk: int
+    mems: list[Any],
+    entries: list[TensorEntry],
+    n_targets: int,
+    chunk: int,
+    start: dict[int, int] | None = None,
 ) -> tuple[list[Piece], dict[int, int]]:
-    """Pieces that write each tensor from its own memory; fills entry extents."""
+    """Pieces that write each tensor from its own memory; fills entry extents. `start`: where
+    each target's file is free from (aligned; the files begin at 0 without it)."""
     pieces = []
-    cursor = [0] * n_targets
+    cursor = [odirect.align_up((start or {}).get(t, 0)) for t in range(n_targets)]
     turn = 0
     a = odirect.ALIGN
     for mem, e in zip(mems, entries, strict=True):

@@ -67,6 +67,48 @@ def tensor_entry(path: str, t: torch.Tensor) -> TensorEntry:
     )
 
 
+_SEP = (",", ":")
+
+
+class EntryTable:
+    """The manifest text of a list of tensor entries whose place on disk is fixed, rendered once:
+    a save adds only its checksums (`render`). The text is what `Manifest.to_json` writes for the
+    same entries, so a reader cannot tell the two apart."""
+
+    def __init__(self, entries: list[TensorEntry]) -> None:
+        self.entries = entries
+        self._heads = [self._head(e) for e in entries]
+
+    @staticmethod
+    def _head(e: TensorEntry) -> str:
+        d = dict(e.__dict__)
+        if list(d)[-2:] != ["xxh3", "wsum64"]:
+            raise AssertionError("TensorEntry's checksum fields moved: EntryTable follows them")
+        del d["xxh3"], d["wsum64"]
+        return json.dumps(d, separators=_SEP)[:-1] + ',"xxh3":'
+
+    def update(self, indices: list[int]) -> None:
+        """Render these entries again (their extents changed)."""
+        for i in indices:
+            self._heads[i] = self._head(self.entries[i])
+
+    def render(self, xxh3: list[str | None], wsum64: list[str | None]) -> str:
+        """The JSON list of the entries with these checksums (hex digests, or None)."""
+        return (
+            "["
+            + ",".join(
+                f'{h}{_jstr(x)},"wsum64":{_jstr(w)}}}'
+                for h, x, w in zip(self._heads, xxh3, wsum64, strict=True)
+            )
+            + "]"
+        )
+
+
+def _jstr(v: str | None) -> str:
+    """A checksum as JSON: its digits, hex and '-' only, need no escaping."""
+    return "null" if v is None else f'"{v}"'
+
+
 @dataclass
 class Manifest:
     """Everything needed to find, load and verify a checkpoint."""
@@ -82,6 +124,10 @@ class Manifest:
     save_id: str = ""
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
+    # The tree's and the tensors' JSON text, where a save plan rendered them already
+    # (bench.storage.plan): written as they are instead of `tree` and `tensors`.
+    tree_json: str | None = field(default=None, repr=False, compare=False)
+    tensors_json: str | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> str:
         d = {
@@ -94,10 +140,15 @@ class Manifest:
             "payload_bytes": self.payload_bytes,
             "save_id": self.save_id,
             "extra": self.extra,
-            "tree": self.tree,
-            "tensors": [t.__dict__ for t in self.tensors],
         }
-        body = json.dumps(d, separators=(",", ":"))
+        head = json.dumps(d, separators=_SEP)
+        tree = self.tree_json
+        if tree is None:
+            tree = json.dumps(self.tree, separators=_SEP)
+        tensors = self.tensors_json
+        if tensors is None:
+            tensors = json.dumps([t.__dict__ for t in self.tensors], separators=_SEP)
+        body = f'{head[:-1]},"tree":{tree},"tensors":{tensors}}}'
         return f'{body[:-1]}{SUM_KEY}{checksum(body.encode())}"}}\n'
 
     @classmethod

@@ -26,15 +26,20 @@ def dtype_from_name(name: str) -> torch.dtype:
 _SCALARS = (int, float, str, bool, type(None))
 
 
-def flatten(state: Any) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
+def flatten(
+    state: Any, scalars: list[Any] | None = None
+) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
     """Encode a state tree as JSON nodes; tensors are replaced by indexes into the list returned.
+    With `scalars`, the scalar values of the tree (not its keys) are replaced by HOLE and listed
+    there in order instead: the tree of a layout whose scalars (a learning rate) change between
+    saves is encoded once (bench.storage.plan).
 
     Plain recursion over module functions, no closures: a recursive closure refers to itself
     through its cell, and that cycle kept the list of tensors (a whole restored state) alive
     until the cyclic collector ran, which then freed it inside a later save's stall (a 256 MiB
     state: 80-140 ms of a 17 ms snapshot; bench/PERF.md)."""
     tensors: list[tuple[str, torch.Tensor]] = []
-    return _enc(state, "", tensors), tensors
+    return _enc(state, "", tensors, scalars), tensors
 
 
 def _enc_key(k: Any, path: str) -> Any:
@@ -45,7 +50,19 @@ def _enc_key(k: Any, path: str) -> Any:
     raise UserError(f"state{path}: cannot store a key of type {type(k).__name__}")
 
 
-def _enc(obj: Any, path: str, tensors: list[tuple[str, torch.Tensor]]) -> Any:
+class _Hole:
+    """Where a scalar value goes in a tree encoded with its scalars apart."""
+
+    def __repr__(self) -> str:
+        return "HOLE"
+
+
+HOLE = _Hole()
+
+
+def _enc(
+    obj: Any, path: str, tensors: list[tuple[str, torch.Tensor]], scalars: list[Any] | None
+) -> Any:
     if isinstance(obj, torch.Tensor):
         if obj.is_sparse or obj.layout != torch.strided:
             raise UserError(f"state{path}: only dense (strided) tensors can be stored")
@@ -56,12 +73,18 @@ def _enc(obj: Any, path: str, tensors: list[tuple[str, torch.Tensor]]) -> Any:
         if type(obj) not in (dict, OrderedDict):
             raise UserError(f"state{path}: cannot store a {type(obj).__name__}")
         return {
-            tag: [[_enc_key(k, path), _enc(v, f"{path}[{k!r}]", tensors)] for k, v in obj.items()]
+            tag: [
+                [_enc_key(k, path), _enc(v, f"{path}[{k!r}]", tensors, scalars)]
+                for k, v in obj.items()
+            ]
         }
     if type(obj) in (list, tuple):
         tag = "list" if isinstance(obj, list) else "tuple"
-        return {tag: [_enc(v, f"{path}[{i}]", tensors) for i, v in enumerate(obj)]}
+        return {tag: [_enc(v, f"{path}[{i}]", tensors, scalars) for i, v in enumerate(obj)]}
     if isinstance(obj, _SCALARS):
+        if scalars is not None:
+            scalars.append(obj)
+            return {"v": HOLE}
         return {"v": obj}
     raise UserError(
         f"state{path}: cannot store a value of type {type(obj).__name__} "

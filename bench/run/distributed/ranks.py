@@ -14,7 +14,7 @@ from bench.common import sizes
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
-from bench.measure import results
+from bench.measure import clock, results
 from bench.run.distributed.world import RankLost, TorchrunWorld
 from bench.run.plan import Group
 
@@ -94,8 +94,9 @@ def check_world(target: str, base: str, rank: int, world: int) -> None:
 
 
 def save_shard(eng: Any, state: Any, base: str, rank: int, world: int) -> Any:
-    """`eng.save` of this rank's shard of checkpoint `base` (returns the PendingSave)."""
-    return eng.save(state, shard_name(base, rank, world))
+    """This rank's shard of checkpoint `base`, saved through the harness's clock (returns the
+    TimedSave, bench.measure.clock)."""
+    return clock.clocked(eng).save(state, shard_name(base, rank, world))
 
 
 def load_shard(
