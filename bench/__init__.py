@@ -14,4 +14,4 @@ The packages are floors, each importing only the floors below it (tests/test_lay
     cli        the `ckptbench` command
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -140,7 +140,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
             {"engine_options": {"gds": {"copy_threads": 2}}},
             "engine_options.gds.copy_threads: unknown key (known: chunk_bytes, "
             "threads_per_target, checksums, device, fallocate, max_write_bw, io, allow_compat, "
-            "gds_threshold, register_buffers)",
+            "gds_threshold, register_buffers, coalesce_below, coalesce_bytes)",
         ),
         (
             {"engine_options": {"torch-save": {"threads": 2}}},

@@ -20,7 +20,7 @@ from bench.engines import REGISTRY
 from bench.engines.base import StateSize, build_options
 from bench.measure import results
 from bench.run import preflight
-from bench.storage import verify
+from bench.storage import checksums, verify
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -38,7 +38,7 @@ def plan(engine: str, cuda: bool, **options: Any):
 # dcp keeps a cached copy, safetensors' restore reads the file and builds the tensors: 2x).
 HOST = {
     # engine: (staging, save, fresh restore, in-place restore)
-    "gds": (0, 0, S, 0),
+    "gds": (64 * MiB, 0, S, 0),  # its coalescing buffer: small tensors may be there
     "cpu-single": (S + N * 4096, 0, S, 0),
     "cpu-double": (S + N * 4096, 0, S, 0),
     "torch-save": (0, 0, S, 0),
@@ -65,6 +65,8 @@ def test_each_engines_cuda_memory_plan(engine):
     assert p.restore_device == S
     if engine == "gds":  # kvikio: its bounce buffers, 2 threads x 2 targets x 16 MiB
         assert (p.staging, p.restore_host, p.in_place_host) == (4 * 16 * MiB, 0, 0)
+        # the coalescing buffer in device memory, and its checksums' temporaries
+        assert p.staging_device == 64 * MiB + 32 * checksums.SEGMENT_WORDS
     elif engine in ("cpu-single", "cpu-double"):
         assert p.pinned and p.staging == S + N * 4096 and p.restore_host == S
         assert p.in_place_host == T  # device tensors one at a time through host memory
@@ -72,6 +74,18 @@ def test_each_engines_cuda_memory_plan(engine):
         assert p.pinned and p.staging == S
     elif engine == "torch-save":
         assert p.save == T and p.in_place_host == T  # a device storage copied to the host
+
+
+def test_gds_holds_a_coalescing_buffer_only_where_small_tensors_may_be():
+    opts = build_options("gds", {})
+    gds = REGISTRY["gds"]
+    assert gds.memory_plan(StateSize(S, T, N, False, 2, smallest=MiB), opts).staging == 0
+    small = StateSize(S, T, N, False, 2, smallest=4096)
+    assert gds.memory_plan(small, opts).staging == 64 * MiB
+    tiny = StateSize(8 * MiB, 4096, 2048, False, 1, smallest=4096)  # less than one window
+    assert gds.memory_plan(tiny, opts).staging == 8 * MiB + 2048 * 64
+    off = build_options("gds", {"coalesce_below": 0})
+    assert gds.memory_plan(small, off).staging == 0
 
 
 def test_bounded_staging_and_plain_dcp():
@@ -140,7 +154,9 @@ def test_judge_on_cuda_holds_device_memory_against_the_gpus_free_memory():
     assert v.restore == "in-place"
     (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 80 * GiB, restore="fresh")
     assert v.restore is None
-    assert v.why.startswith("c gds: device memory: needs 120GiB (state 60GiB, restore 60GiB)")
+    assert v.why.startswith(
+        "c gds: device memory: needs 120.2GiB (state 60GiB, buffers 192MiB, restore 60GiB)"
+    )
     # 50 GiB free: not even the state
     (v,) = preflight.judge("c", ["cpu-single"], size, {}, 100 * GiB, 50 * GiB)
     assert v.restore is None

@@ -663,3 +663,39 @@ def test_entry_matches_only_its_own_bytes(data: bytes, draw: Any) -> None:
     assert not checksums.entry_matches(by_wsum, bad)
     none = manifest.TensorEntry("p", "uint8", [len(data)], len(data))
     assert checksums.entry_matches(none, bad)  # nothing recorded: nothing to check
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=70)), max_size=12),
+    st.integers(1, 40),
+    st.binary(min_size=4, max_size=4),
+)
+def test_segment_sums_are_each_segments_wsum64(
+    segs: list[tuple[int, bytes]], words: int, filler: bytes
+) -> None:
+    """Segments packed in one buffer (gaps of 4-byte words between them filled with other
+    bytes, partial last words followed by other bytes too), summed all at once in runs of at
+    most `words` words: each digest is that segment's wsum64 by definition."""
+    buf, starts = bytearray(), []
+    for gap, data in segs:
+        buf += filler[: -len(buf) % 4]  # other bytes after a partial last word
+        buf += filler * gap
+        starts.append(len(buf))
+        buf += data
+    buf += filler[: -len(buf) % 4]
+    mem = torch.frombuffer(bytearray(buf + b"\0"), dtype=torch.uint8)[: len(buf)]
+    old = checksums.SEGMENT_WORDS
+    checksums.SEGMENT_WORDS = words
+    try:
+        sums = checksums.segment_sums(mem, starts, [len(d) for _, d in segs]).tolist()
+    finally:
+        checksums.SEGMENT_WORDS = old
+    for (s1, s2), (_, data) in zip(sums, segs, strict=True):
+        assert checksums.wsum64_digest(s1, s2, len(data)) == wsum64_by_definition(data)
+
+
+def test_segment_sums_refuse_a_start_off_a_word() -> None:
+    mem = torch.zeros(16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="4-byte boundaries"):
+        checksums.segment_sums(mem, [2], [4])

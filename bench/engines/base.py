@@ -147,6 +147,7 @@ class StateSize:
     tensors: int  # how many tensors
     cuda: bool  # on a CUDA device (else host-emulated: the state is host memory)
     targets: int = 1  # the targets it is striped over
+    smallest: int = 0  # the smallest tensor's bytes (0: not known, small ones may be there)
 
 
 class Engine(Protocol):

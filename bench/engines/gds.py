@@ -476,7 +476,7 @@ class Gds(StripedEngine):
         threads = options.threads_per_target * size.targets
         base = super().memory_plan(size, options)
         coalesce = 0
-        if options.coalesce_below and size.tensors:
+        if options.coalesce_below and size.tensors and size.smallest < options.coalesce_below:
             window = max(options.chunk_bytes, options.coalesce_bytes)
             coalesce = min(window, size.nbytes + size.tensors * layout.TENSOR_ALIGN)
         device = coalesce + (32 * checksums.SEGMENT_WORDS if coalesce and options.checksums else 0)

@@ -36,7 +36,10 @@ class Workload:
         if self.model is None:
             nbytes = self.total_bytes if total is None else total
             each = min(self.tensor_bytes, nbytes)
-            return StateSize(nbytes, each, -(-nbytes // max(each, 1)), cuda, targets)
+            last = nbytes % each if each else 0
+            return StateSize(
+                nbytes, each, -(-nbytes // max(each, 1)), cuda, targets, smallest=last or each
+            )
         import torch
 
         from bench.workloads.models import model_size

@@ -171,6 +171,7 @@ def _choose(
         if gpu_free is not None and int(dev * (1 + MARGIN)) > gpu_free:
             device = device or (
                 f"device memory: needs {_gib(dev)} (state {_gib(size.nbytes)}"
+                + (f", buffers {_gib(plan.staging_device)}" if plan.staging_device else "")
                 + (f", restore {_gib(plan.restore_device)}" if r == "fresh" else "")
                 + f"), {_gib(gpu_free)} free on the GPU; way out: a smaller total_sizes, or "
                 "more ranks to shard it"
