@@ -88,9 +88,7 @@ def test_library_save_reports_the_wall_time_of_the_call(planted: str, scratch: P
     assert result.persist_s == pytest.approx(result.total_s - result.stall_s, abs=1e-9)
 
 
-def test_the_sweeps_rows_hold_the_work_after_the_engines_timer(
-    planted: str, scratch: Path
-) -> None:
+def test_the_sweeps_rows_hold_the_work_after_the_engines_timer(planted: str, scratch: Path) -> None:
     cfg = config.from_dict(
         {
             "name": "planted",
@@ -104,7 +102,9 @@ def test_the_sweeps_rows_hold_the_work_after_the_engines_timer(
             "engine_options": {planted: {"chunk_bytes": "1MiB"}},
         }
     )
-    run_dir = Sweep(cfg, devices.detect("host-emulated"), str(scratch / "results"), quiet=True).run()
+    run_dir = Sweep(
+        cfg, devices.detect("host-emulated"), str(scratch / "results"), quiet=True
+    ).run()
     with open(os.path.join(run_dir, "results.csv"), newline="") as f:
         got = list(csv.DictReader(f))
     slow = [r for r in got if r["engine"] == planted]

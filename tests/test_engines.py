@@ -27,6 +27,7 @@ import torch
 from conftest import STRIPED_ENGINES
 
 from bench.engines.base import SaveResult
+from bench.engines.gds import coalesce_window
 
 STRIPED = STRIPED_ENGINES
 SNAPSHOT = ("cpu-single", "cpu-double")
@@ -200,7 +201,7 @@ def check_result(result: Any, eng: Any, state: Any, name: str, dirs: list[str]) 
         assert result.gds_mode == "emulated"
         # Tensors under coalesce_below are copied into the coalescing buffer whatever their
         # strides; of the others, a strided one needs a contiguous copy first.
-        below = eng.options.coalesce_below
+        below = min(eng.options.coalesce_below, coalesce_window(eng.options) + 1)
         sizes = [(t.numel() * t.element_size(), t) for _, t in iter_tensors(state)]
         small = [t for n, t in sizes if 0 < n < below]
         assert result.copied_tensors == sum(

@@ -947,7 +947,7 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     fake = fake_kvikio()
     dirs = targets(2)
     eng = kvikio_engine(
-        make_engine, dirs, coalesce_below="64KiB", coalesce_bytes="64KiB", chunk_bytes="16KiB"
+        make_engine, dirs, coalesce_below="64KiB", coalesce_bytes="128KiB", chunk_bytes="16KiB"
     )
     state = many_small_state(fake_cuda)
     eng.warm(state)
@@ -962,7 +962,7 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     assert detail["coalesced_bytes"] == sum(
         state[k].numel() * state[k].element_size() for k in small
     )
-    assert detail["coalesce_rounds"] >= 2  # more than one window's worth
+    assert detail["coalesce_rounds"] >= 3  # both halves of the buffer, one of them twice
     assert result.copied_tensors == 0  # the strided one went into the buffer by a strided copy
     # Every write is a chunk of the buffer or a piece of `big`: far fewer than the tensors,
     # and all from device memory (the host `step` went into the buffer too).

@@ -311,6 +311,12 @@ def _kvikio_error(e: BaseException, path: str) -> OSError:
     return OSError(errno.EIO, f"kvikio: {' '.join(str(e).split())[:300]}", path)
 
 
+def coalesce_window(options: Any) -> int:
+    """One half of the coalescing buffer: `coalesce_bytes` / 2 in whole chunks, at least one."""
+    chunk = options.chunk_bytes
+    return max(chunk, options.coalesce_bytes // 2 // chunk * chunk)
+
+
 @dataclass
 class Round:
     """One window of the coalesced stream: the tensors copied into the buffer for it, where,
@@ -477,8 +483,8 @@ class Gds(StripedEngine):
         base = super().memory_plan(size, options)
         coalesce = 0
         if options.coalesce_below and size.tensors and size.smallest < options.coalesce_below:
-            window = max(options.chunk_bytes, options.coalesce_bytes)
-            coalesce = min(window, size.nbytes + size.tensors * layout.TENSOR_ALIGN)
+            both = 2 * coalesce_window(options)
+            coalesce = min(both, size.nbytes + size.tensors * layout.TENSOR_ALIGN)
         device = coalesce + (32 * checksums.SEGMENT_WORDS if coalesce and options.checksums else 0)
         kvikio = size.cuda and options.io in ("auto", "kvikio")
         if kvikio:
@@ -694,13 +700,15 @@ class Gds(StripedEngine):
         writes would each pay a cuFile call and a file system round trip (on the emulation, an
         O_DIRECT write each: 200 us a 4 KiB tensor here). They are packed as the snapshot
         engines pack staging (64-byte aligned, chunks dealt round-robin), in windows of the
-        buffer's size that no tensor straddles; the file of each target holds its coalesced
-        chunks first, then the other tensors, written from their own memory (`layout.direct`,
-        placed at every save: their addresses decide it)."""
+        buffer's halves that no tensor straddles: one half is filled while the other is
+        written. The file of each target holds its coalesced chunks first, then the other
+        tensors, written from their own memory (`layout.direct`, placed at every save: their
+        addresses decide it)."""
         entries, chunk, n = plan.entries, self.options.chunk_bytes, len(self.targets)
         below = self.options.coalesce_below
-        window = max(chunk, self.options.coalesce_bytes // chunk * chunk)
-        small = [i for i, e in enumerate(entries) if 0 < e.nbytes < below]
+        window = coalesce_window(self.options)
+        # (a tensor larger than a half of the buffer is written from its own memory)
+        small = [i for i, e in enumerate(entries) if 0 < e.nbytes < below and e.nbytes <= window]
         offsets, pos = [], 0
         for i in small:
             nb = entries[i].nbytes
@@ -714,18 +722,21 @@ class Gds(StripedEngine):
         )
         rounds = [Round([], [], []) for _ in range(-(-pos // window))]
         for i, off in zip(small, offsets, strict=True):
-            r = rounds[off // window]
-            r.tensors.append(i)
-            r.starts.append(off - (off // window) * window)
+            k = off // window
+            rounds[k].tensors.append(i)
+            rounds[k].starts.append(off - k * window + (k % 2) * window)
         for p in pieces:
-            rounds[p.start // window].pieces.append(
-                (p.target, p.file_offset, p.start % window, p.length)
+            k = p.start // window
+            rounds[k].pieces.append(
+                (p.target, p.file_offset, p.start - k * window + (k % 2) * window, p.length)
             )
-        direct = [i for i, e in enumerate(entries) if not 0 < e.nbytes < below]
+        chosen = set(small)
+        direct = [i for i in range(len(entries)) if i not in chosen]
         if self._coalesce is not None:
             self._coalesce.unbind()
+        size = pos if len(rounds) < 2 else 2 * window
         self._coalesce = Coalescing(
-            rounds, direct, file_bytes, sum(entries[i].nbytes for i in small), min(pos, window)
+            rounds, direct, file_bytes, sum(entries[i].nbytes for i in small), size
         )
 
     def _save(self, pending: PendingSave, job: Job) -> None:
@@ -804,20 +815,27 @@ class Gds(StripedEngine):
             self._cbuf_host = None
 
     def _coalesced_rounds(self, job: Job, co: Coalescing, write_round: Any) -> None:
-        """Each window in turn: its tensors copied into the buffer (device to device on a GPU),
-        its chunks handed to `write_round(pieces)`, which returns a wait for them; its checksums
-        computed while they are written; the buffer reused once they are done."""
+        """Each window in turn: its tensors copied into its half of the buffer (device to device
+        on a GPU), its chunks handed to `write_round(pieces)`, which returns a wait for them,
+        its checksums computed while they are written; the next window is copied into the other
+        half meanwhile, and a half is reused once its writes are done."""
         tensors, cuda = job.tensors, self.device.is_cuda
-        for k, r in enumerate(co.rounds):
-            batch_copy(r.dsts, [tensors[i] for i in r.tensors], cuda)
-            if cuda:
-                self._device_sync()
-            wait = write_round(co.pieces_of(k))
-            if self.options.checksums:
-                h0 = time.perf_counter_ns()
-                co.hash_round(k, job)
-                job.result.hash_s += (time.perf_counter_ns() - h0) / 1e9
-            wait()
+        waits: list[Any] = []
+        try:
+            for k, r in enumerate(co.rounds):
+                if k >= 2:
+                    waits[k - 2]()  # this half's last writes are done
+                batch_copy(r.dsts, [tensors[i] for i in r.tensors], cuda)
+                if cuda:
+                    self._device_sync()
+                waits.append(write_round(co.pieces_of(k)))
+                if self.options.checksums:
+                    h0 = time.perf_counter_ns()
+                    co.hash_round(k, job)
+                    job.result.hash_s += (time.perf_counter_ns() - h0) / 1e9
+        finally:
+            for w in waits[max(0, len(waits) - 2) :]:
+                w()
 
     def _persist_emulated(
         self,
@@ -846,6 +864,7 @@ class Gds(StripedEngine):
                 for i in co.direct:
                     self._hash_one(job, i, mems[i] if dev[i] else mems[i].numpy())
                 job.result.hash_s += (time.perf_counter_ns() - h0) / 1e9
+            self._prepare_manifest(job, file_bytes)  # while the last writes run
         except BaseException:
             self._close(fds, futures)
             raise
@@ -978,6 +997,7 @@ class Gds(StripedEngine):
                 h0 = time.perf_counter_ns()
                 self._hash_kvikio(job, co.direct, mems, dev)
                 result.hash_s += (time.perf_counter_ns() - h0) / 1e9
+            self._prepare_manifest(job, file_bytes)  # while the last writes run
             for f in issuers:
                 f.result()
         finally:

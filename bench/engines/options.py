@@ -83,7 +83,7 @@ class GdsOptions(StripedOptions):
     # Tensors smaller than this are copied (device to device on a GPU) into one coalescing
     # buffer and written from it in chunks, instead of one small write each (0: off).
     coalesce_below: SizeOrZero = 1 << 20
-    # That buffer's size: the coalesced tensors go through it a window at a time.
+    # That buffer's size (at least two chunks): one half is filled while the other is written.
     coalesce_bytes: Size = 64 << 20
 
     @field_validator("coalesce_bytes")

@@ -57,6 +57,9 @@ class Job:
     scalars: list[Any]
     xxh3: list[str | None]
     wsum64: list[str | None]
+    # The manifest and its text, rendered while the data is written (`prepare_manifest`)
+    manifest: manifest.Manifest | None = None
+    text: str | None = None
 
 
 class StripedEngine:
@@ -257,10 +260,36 @@ class StripedEngine:
                 h0 = _now()
                 self._hash_all(job, views)
                 job.result.hash_s = (_now() - h0) / 1e9
+            self._prepare_manifest(job, file_bytes)
         except BaseException:
             self._close(fds, futures)
             raise
         self._drain(job, fds, futures, file_bytes)
+
+    def _prepare_manifest(self, job: Job, file_bytes: dict[int, int]) -> None:
+        """The manifest of this save and its text, once its checksums are known: rendered
+        while its data is still being written, so that only writing it is left after the
+        data is durable (3.3 MB and 12 ms of rendering for 20,000 tensors)."""
+        result, plan = job.result, job.plan
+        assert plan.table is not None
+        job.manifest = manifest.Manifest(
+            name=result.name,
+            engine=self.name,
+            targets=self.targets,
+            files={
+                t: {"file": manifest.data_file_name(t, result.save_id), "bytes": n}
+                for t, n in file_bytes.items()
+            },
+            tensors=plan.entries,  # their text, with this save's checksums, is tensors_json
+            tree=None,  # its text, with this save's scalars, is tree_json
+            checksums=self.options.checksums,
+            payload_bytes=result.bytes,
+            save_id=result.save_id,
+            extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
+            tree_json=plan.tree_json(job.scalars),
+            tensors_json=plan.table.render(job.xxh3, job.wsum64),
+        )
+        job.text = job.manifest.to_json()
 
     def _hash_all(self, job: Job, views: list[Any]) -> None:
         """Record the checksum of every tensor's bytes (host memory: xxh3)."""
@@ -326,32 +355,17 @@ class StripedEngine:
 
     def _commit(self, job: Job, file_bytes: dict[int, int]) -> None:
         """Make the new files durable, switch the manifest to them, then drop the old generation."""
-        result, plan = job.result, job.plan
+        result = job.result
         name, save_id = result.name, result.save_id
         for t in self.targets:
             manifest.fsync_dir(manifest.checkpoint_dir(t, name))
             manifest.fsync_dir(t)
-        assert plan.table is not None
-        m = manifest.Manifest(
-            name=name,
-            engine=self.name,
-            targets=self.targets,
-            files={
-                t: {"file": manifest.data_file_name(t, save_id), "bytes": n}
-                for t, n in file_bytes.items()
-            },
-            tensors=plan.entries,  # their text, with this save's checksums, is tensors_json
-            tree=None,  # its text, with this save's scalars, is tree_json
-            checksums=self.options.checksums,
-            payload_bytes=result.bytes,
-            save_id=save_id,
-            extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
-            tree_json=plan.tree_json(job.scalars),
-            tensors_json=plan.table.render(job.xxh3, job.wsum64),
-        )
+        if job.manifest is None:
+            self._prepare_manifest(job, file_bytes)
+        assert job.manifest is not None
         previous = manifest.committed(self.targets, name)
         damaged = previous is None and os.path.exists(manifest.manifest_path(self.targets, name))
-        manifest.commit(self.targets, m)
+        manifest.commit(self.targets, job.manifest, job.text)
         done = generations.generation_files(self.targets, name, save_id)
         old = []
         if previous is not None and previous.save_id != save_id:

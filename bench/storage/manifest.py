@@ -192,12 +192,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def commit(targets: list[str], manifest: Manifest) -> None:
-    """Write the manifest atomically: temp file, fsync, rename, fsync the directory."""
+def commit(targets: list[str], manifest: Manifest, text: str | None = None) -> None:
+    """Write the manifest atomically: temp file, fsync, rename, fsync the directory. `text`: its
+    `to_json()`, where the caller rendered it already (while its data files were written)."""
     final = manifest_path(targets, manifest.name)
     tmp = f"{final}.tmp-{manifest.save_id or uuid.uuid4().hex}"
     with open(tmp, "w") as f:
-        f.write(manifest.to_json())
+        f.write(manifest.to_json() if text is None else text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
