@@ -83,6 +83,20 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sorted(scaling.engines) == sorted(e for e in ENGINES if e != "fastpersist")
     opts = config.resolved(scaling)["engine_options"]
     assert opts["cpu-single"]["staging_chunks"] == opts["cpu-double"]["staging_chunks"] == 4
+    many = config.load(str(REPO / "configs" / "many-tensors.yaml"))
+    # the same 80 MiB as 20,480 x 4 KiB, 1,280 x 64 KiB and 5 x 16 MiB, and an MoE shard
+    run, skipped = many.synthetic_cases()
+    assert run == [(80 * 2**20, t) for t in (4 * 2**10, 64 * 2**10, 16 * 2**20)]
+    assert [80 * 2**20 // t for _, t in run] == [20_480, 1_280, 5] and skipped == []
+    assert many.engines == ["gds", "cpu-single", "cpu-double", "torch-save"]
+    (moe,) = many.models
+    assert (moe.preset, moe.world_size, moe.expert_parallel, moe.rank) == (
+        "olmoe-1b-7b-shard",
+        64,
+        4,
+        5,
+    )
+    assert not many.ceilings.enabled and many.ssd_counts == [1]
     server = config.load(str(REPO / "configs" / "server.yaml"))
     assert server.resolved_targets() == [f"/mnt/nvme{i}/ckptbench" for i in range(8)]
     assert config.resolved(server)["engine_options"]["cpu-single"]["chunk_bytes"] == 32 * 2**20
