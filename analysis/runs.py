@@ -142,7 +142,8 @@ RANK_DEFAULTS = {
 
 
 def normalise(df: pd.DataFrame) -> pd.DataFrame:
-    """Types, empty strings for missing text, mode tags and derived bandwidths (GB/s)."""
+    """Types, empty strings for missing text, mode tags, derived bandwidths (GB/s) and costs per
+    tensor (us)."""
     df = df.copy()
     for c, v in RANK_DEFAULTS.items():
         if c not in df:
@@ -166,6 +167,11 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
     df["restore_GBps"] = s / df["restore_s"] / GB
     df["snapshot_GBps"] = s / df["stall_s"] / GB
     df["persist_GBps"] = s / df["persist_s"].where(df["persist_s"] > 0) / GB
+    # What a save costs per tensor beside what it costs per byte (us = microseconds): the stall
+    # and the persist after it over the tensors of the state.
+    n = df["n_tensors"].astype(float).where(df["n_tensors"] > 0)
+    df["stall_us_per_tensor"] = df["stall_s"] / n * 1e6
+    df["persist_us_per_tensor"] = df["persist_s"] / n * 1e6
     df["pinned_x"] = df["pinned_bytes"] / s
     df["page_cache_x"] = df["page_cache_peak_bytes"] / s
     return df

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import runs, stats
+from analysis import runs, stats, summary
 from analysis.figures.bandwidth import bandwidth_vs_tensor_size
 from analysis.figures.feasibility import feasibility
 from analysis.figures.host import host_memory
@@ -147,6 +147,86 @@ def test_summary_table_numbers(run: runs.Run) -> None:
     ts = t[(t["engine"] == "torch-save")]
     assert list(ts["speedup_stall"]) == [1.0, 1.0]
     assert "efficiency_pct" not in t  # no ceilings in env.json
+
+
+def test_cost_per_tensor_next_to_bandwidth(run: runs.Run) -> None:
+    """us per tensor (median stall_s and persist_s over n_tensors) beside GB/s, for every case,
+    from results.csv read here with the csv module; three cases by hand."""
+    import csv
+    import statistics
+
+    with open(DEFAULT / "results.csv", newline="") as f:
+        timed = [r for r in csv.DictReader(f) if r["warmup"] == "False"]
+    t = stats.summary_table(run)
+    assert len(t) == 16
+    for _, row in t.iterrows():
+        reps = [
+            r
+            for r in timed
+            if (r["workload"], int(r["n_targets"]), r["engine"])
+            == (row["workload"], row["n_targets"], row["engine"])
+        ]
+        n = int(reps[0]["n_tensors"])
+        assert (
+            row["n_tensors"]
+            == n
+            == {"synthetic-1GiB-4MiB": 256, "synthetic-1GiB-256MiB": 4}[row["workload"]]
+        )
+        for col, us in (("stall_s", "stall_us_per_tensor"), ("persist_s", "persist_us_per_tensor")):
+            want = statistics.median(float(r[col]) for r in reps) / n * 1e6
+            assert row[us] == pytest.approx(want, rel=1e-9), (row["engine"], col)
+
+    def case(workload: str, engine: str) -> pd.Series:
+        return t[
+            (t["workload"] == workload) & (t["n_targets"] == 1) & (t["engine"] == engine)
+        ].iloc[0]
+
+    # cpu-single, 4 x 256 MiB: stalls 0.084857, 0.098805, 0.091066 s; persists 0.304012,
+    # 0.317049, 0.328527 s
+    cs = case("synthetic-1GiB-256MiB", "cpu-single")
+    assert cs["stall_us_per_tensor"] == pytest.approx(0.091065734 / 4 * 1e6)  # 22,766 us
+    assert cs["persist_us_per_tensor"] == pytest.approx(0.317048919 / 4 * 1e6)  # 79,262 us
+    # cpu-single, 256 x 4 MiB: median stall 0.806421 s, median persist 0.397135 s
+    cs4 = case("synthetic-1GiB-4MiB", "cpu-single")
+    assert cs4["stall_us_per_tensor"] == pytest.approx(0.806421412 / 256 * 1e6)  # 3,150 us
+    assert cs4["persist_us_per_tensor"] == pytest.approx(0.397135495 / 256 * 1e6)  # 1,551 us
+    # gds returns durable: its persist is the wait() alone, 6.3 us for 256 tensors
+    g4 = case("synthetic-1GiB-4MiB", "gds")
+    assert g4["persist_us_per_tensor"] == pytest.approx(6.34e-6 / 256 * 1e6, rel=1e-3)
+    headers, rows = stats.summary_rows(t)
+    at = headers.index("write GB/s")
+    assert headers[at : at + 9] == [
+        "write GB/s",
+        "IQR",
+        "stall s",
+        "IQR",
+        "durable s",
+        "tensors",
+        "stall us/tensor",
+        "persist us/tensor",
+        "restore GB/s",
+    ]
+    by_case = {tuple(r[:3]): r for r in rows}
+    assert by_case[("synthetic-1GiB-256MiB", "1", "cpu-single")][at + 5 : at + 8] == [
+        "4",
+        "22766",
+        "79262",
+    ]
+    assert by_case[("synthetic-1GiB-4MiB", "1", "cpu-single")][at + 5 : at + 8] == [
+        "256",
+        "3150",
+        "1551",
+    ]
+    assert by_case[("synthetic-1GiB-4MiB", "1", "gds")][at + 5 : at + 8] == [
+        "256",
+        "2232",
+        "0.0248",
+    ]
+    # the terminal's table (ckptbench run / report) carries them too, rounded to 0.1 us
+    term = summary.table(run)
+    assert term.loc[("synthetic-1GiB-4MiB", 1, "cpu-single"), "stall_us/tensor"] == 3150.1
+    assert term.loc[("synthetic-1GiB-4MiB", 1, "cpu-single"), "persist_us/tensor"] == 1551.3
+    assert term.loc[("synthetic-1GiB-4MiB", 1, "cpu-single"), "tensors"] == 256
 
 
 def test_summary_rows_mark_every_row_emulated(run: runs.Run) -> None:
@@ -447,8 +527,9 @@ def test_report_md_content(built: Report) -> None:
     # the summary row checked number by number in test_summary_table_numbers
     assert (
         "| synthetic-1GiB-256MiB | 1 | cpu-single | EMULATED | 3 | 2.58 | 0.10 | 0.0911 | "
-        "0.007 | 0.416 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |"
+        "0.007 | 0.416 | 4 | 22766 | 79262 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |"
     ) in md
+    assert "| durable s | tensors | stall us/tensor | persist us/tensor | restore GB/s |" in md
     for stem in FIGURES:
         assert f"({stem}.png)" in md
     assert "| gds (from device) | W_g | S / min(L, r) | = stall | 0 |" in md
