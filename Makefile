@@ -91,7 +91,7 @@ report: $(BIN)/.installed
 	@test -n "$(RUN_DIR)" || { echo "no run under results/: run make bench first"; exit 2; }
 	$(BIN)/ckptbench report $(RUN_DIR)
 
-# Hot-path micro-benchmarks (tests/perf/bench_*.py, pytest-benchmark), under a minute; not part
+# Hot-path micro-benchmarks (tests/perf/bench_*.py, pytest-benchmark), about a minute; not part
 # of `make test` (its collection matches test_*.py only). `make perf` runs them and saves the run
 # under .benchmarks/; `make perf-compare` runs them again and compares with the latest saved run
 # without saving (PERF_BASELINE=0003 for another; PERF_FAIL=median:20% to fail on a regression).
