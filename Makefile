@@ -33,6 +33,7 @@ help:
 	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
 	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
 	@echo "make scaling  each path's cost against checkpoint size, 256 MiB to 12 GiB, with its report"
+	@echo "make many-tensors   80 MiB as 4 KiB, 64 KiB and 16 MiB tensors, and an MoE shard, with its report"
 	@echo "make train    stall in a real training loop (configs/training.yaml)"
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
@@ -90,7 +91,7 @@ report: $(BIN)/.installed
 	@test -n "$(RUN_DIR)" || { echo "no run under results/: run make bench first"; exit 2; }
 	$(BIN)/ckptbench report $(RUN_DIR)
 
-# Hot-path micro-benchmarks (tests/perf/bench_*.py, pytest-benchmark), under a minute; not part
+# Hot-path micro-benchmarks (tests/perf/bench_*.py, pytest-benchmark), about a minute; not part
 # of `make test` (its collection matches test_*.py only). `make perf` runs them and saves the run
 # under .benchmarks/; `make perf-compare` runs them again and compares with the latest saved run
 # without saving (PERF_BASELINE=0003 for another; PERF_FAIL=median:20% to fail on a regression).
@@ -126,6 +127,15 @@ peers: $(BIN)/.installed
 scaling: $(BIN)/.installed
 	$(BIN)/ckptbench run configs/scaling.yaml $(ARGS); rc=$$?; \
 	run=$$(ls -d results/*-scaling-* 2>/dev/null | sort | tail -1); \
+	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
+
+# What a save costs per tensor beside per byte (configs/many-tensors.yaml: 80 MiB as 20,480 x
+# 4 KiB, 1,280 x 64 KiB and 5 x 16 MiB, and a mixture-of-experts shard), and its report (us per
+# tensor next to GB/s) in the run's report/ folder.
+.PHONY: many-tensors
+many-tensors: $(BIN)/.installed
+	$(BIN)/ckptbench run configs/many-tensors.yaml $(ARGS); rc=$$?; \
+	run=$$(ls -d results/*-many-tensors-* 2>/dev/null | sort | tail -1); \
 	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
 
 # Each engine next to the device's ceilings (fio when installed) on one target, with the ratios.

@@ -7,14 +7,16 @@ significant" unless the interval excludes 1 and p < 0.05, i.e. when the differen
 Runs whose essential environment differs are refused (unless forced, and then the report says so
 loudly): a different device kind, host-emulated against real, or an engine that ran in another
 mode (gds against compat or emulated). Other differences (host, kernel, packages, storage, engine
-options) are listed as warnings; different storage is what a device comparison is for.
+options, whose clock timed the stalls) are listed as warnings; different storage is what a device
+comparison is for. Runs whose stalls the engines timed themselves (before ckptbench 0.2.0) are
+named in one note.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -115,6 +117,13 @@ def other_differences(a: Run, b: Run, la: str = "A", lb: str = "B") -> list[str]
     sa, sb = _storage(a), _storage(b)
     if sa != sb:
         out.append(f"storage differs (what a device comparison is for): {la} {sa}, {lb} {sb}")
+    if a.harness_clock != b.harness_clock:
+        old, new = (la, lb) if b.harness_clock else (lb, la)
+        out.append(
+            f"stall clock differs: {old} predates ckptbench 0.2.0 (each engine timed its own "
+            f"stall, which could read short), {new} was timed by the harness around save(): "
+            "a stall ratio between them mixes the two clocks"
+        )
     if a.shared_device or b.shared_device:
         out.append("a run's targets share one device: its SSD-count scaling is not real scaling")
     return out
@@ -130,6 +139,7 @@ class Comparison:
     refusals: list[str]
     warnings: list[str]
     forced: bool
+    notes: list[str] = field(default_factory=list)  # what must be said of single runs
 
 
 def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> Comparison:
@@ -186,7 +196,20 @@ def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> 
     if not rows:
         raise UserError("compare: the runs share no case (engine, workload, SSD count)")
     table = stats.ordered(pd.DataFrame(rows)).reset_index(drop=True)
-    return Comparison(rs, metric, table, refusals, warns, force)
+    return Comparison(rs, metric, table, refusals, warns, force, clock_notes(rs))
+
+
+def clock_notes(rs: list[Run]) -> list[str]:
+    """One line naming the runs timed by the engines' own clocks (analysis.runs.clock_note)."""
+    old = [(_letter(i), r) for i, r in enumerate(rs) if not r.harness_clock]
+    if not old:
+        return []
+    who = " and ".join(x for x, _ in old)
+    if len(old) == 1:
+        line = runs.clock_note(old[0][1].env, f"Run {who}")
+    else:
+        line = runs.clock_note({}, f"Runs {who}", plural=True)
+    return [line] if line else []
 
 
 def _mode(g: pd.DataFrame) -> str:
@@ -243,6 +266,7 @@ def text(c: Comparison) -> str:
     lines += [f"warning: {w}" for w in c.warnings]
     if any(r.emulated for r in c.runs):
         lines.append("note: host-emulated rows (no GPU): not GPU numbers")
+    lines += [f"note: {n}" for n in c.notes]
     lines += ["", text_table(*table_rows(c))]
     n_sig = int(c.table["significant"].sum())
     lines.append(
@@ -269,6 +293,8 @@ def write(c: Comparison, outdir: str) -> list[str]:
             "Host-emulated rows (no GPU): host memory stands in for GPU memory; gds rows are "
             "an O_DIRECT emulation. Not GPU numbers."
         )
+    for n in c.notes:
+        d.warn(n)
     d.ul([f"{_letter(i)}: `{r.run_id}`, storage {_storage(r)}" for i, r in enumerate(c.runs)])
     d.p(
         f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "

@@ -26,6 +26,32 @@ ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
 GB = 1e9
 
 
+# env.json `stall_clock` of a run whose stalls the harness timed around save() (ckptbench 0.2.0
+# and later). Earlier runs lack the key: each engine stopped its own stall clock, which could
+# miss work save() still did after it.
+HARNESS_CLOCK = "harness"
+
+
+def harness_clock(env: dict[str, Any]) -> bool:
+    """True when the run's stalls were timed by the harness (env.json `stall_clock: harness`)."""
+    return env.get("stall_clock") == HARNESS_CLOCK
+
+
+def clock_note(env: dict[str, Any], who: str = "This run", plural: bool = False) -> str | None:
+    """The one line that marks a run timed by the engines' own clocks; None for a newer run.
+    `who` names the run (or, `plural`, the runs) it is said of."""
+    if harness_clock(env):
+        return None
+    said = env.get("stall_clock")
+    why = "env.json has no `stall_clock: harness`" if said is None else f"stall_clock {said!r}"
+    were, its = ("were", "their") if plural else ("was", "its")
+    return (
+        f"{who} {were} made before ckptbench 0.2.0 ({why}): each engine stopped its own stall "
+        "clock, which could miss work save() still did after it (up to 38-89 % of the stall on "
+        f"states of 20,000 x 4 KiB tensors), so {its} stall_s may read short against newer runs."
+    )
+
+
 def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
     """`write_eff` and `snapshot_eff` of every row (bench.measure.efficiency, the one definition),
     against the run's best ceilings; NaN where the run has none."""
@@ -56,6 +82,11 @@ class Run:
     @property
     def emulated(self) -> bool:
         return bool(self.rows["emulated"].any()) or bool(self.env.get("device", {}).get("emulated"))
+
+    @property
+    def harness_clock(self) -> bool:
+        """Stalls timed by the harness around save() (ckptbench 0.2.0 on), not by the engines."""
+        return harness_clock(self.env)
 
     @property
     def shared_device(self) -> bool:
@@ -142,7 +173,8 @@ RANK_DEFAULTS = {
 
 
 def normalise(df: pd.DataFrame) -> pd.DataFrame:
-    """Types, empty strings for missing text, mode tags and derived bandwidths (GB/s)."""
+    """Types, empty strings for missing text, mode tags, derived bandwidths (GB/s) and costs per
+    tensor (us)."""
     df = df.copy()
     for c, v in RANK_DEFAULTS.items():
         if c not in df:
@@ -166,6 +198,11 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
     df["restore_GBps"] = s / df["restore_s"] / GB
     df["snapshot_GBps"] = s / df["stall_s"] / GB
     df["persist_GBps"] = s / df["persist_s"].where(df["persist_s"] > 0) / GB
+    # What a save costs per tensor beside what it costs per byte (us = microseconds): the stall
+    # and the persist after it over the tensors of the state.
+    n = df["n_tensors"].astype(float).where(df["n_tensors"] > 0)
+    df["stall_us_per_tensor"] = df["stall_s"] / n * 1e6
+    df["persist_us_per_tensor"] = df["persist_s"] / n * 1e6
     df["pinned_x"] = df["pinned_bytes"] / s
     df["page_cache_x"] = df["page_cache_peak_bytes"] / s
     return df

@@ -97,8 +97,9 @@ def has_ceilings(env: dict[str, Any]) -> bool:
 
 
 def summary_table(run: Run) -> pd.DataFrame:
-    """One row per case: medians, IQRs, n, host memory, speed-up over torch-save and, when the
-    run has device ceilings, efficiency. Numbers are not rounded here."""
+    """One row per case: medians, IQRs, n, the cost per tensor (median stall and persist over the
+    state's tensors, us), host memory, speed-up over torch-save and, when the run has device
+    ceilings, efficiency. Numbers are not rounded here."""
     ok = run.ok
     g = ok.groupby(CASE, sort=False)
     out = g.agg(
@@ -112,6 +113,9 @@ def summary_table(run: Run) -> pd.DataFrame:
         stall_q25=("stall_s", lambda s: s.quantile(0.25)),
         stall_q75=("stall_s", lambda s: s.quantile(0.75)),
         total_s=("total_s", "median"),
+        n_tensors=("n_tensors", "median"),
+        stall_us_per_tensor=("stall_us_per_tensor", "median"),
+        persist_us_per_tensor=("persist_us_per_tensor", "median"),
         restore_GBps=("restore_GBps", "median"),
         pinned_x=("pinned_x", "median"),
         page_cache_x=("page_cache_x", "median"),
@@ -157,6 +161,14 @@ def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def fmt_us(x: float) -> str:
+    """Microseconds for tables: whole ones from 100 up (22767, not 2.28e+04), else 3 significant
+    digits; '-' for missing."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted rows of the summary table (report.md and the terminal)."""
     headers = [
@@ -170,6 +182,9 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "stall s",
         "IQR",
         "durable s",
+        "tensors",
+        "stall us/tensor",
+        "persist us/tensor",
         "restore GB/s",
         "pinned xS",
         "page cache xS",
@@ -194,6 +209,9 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             fmt(r["stall_s"]),
             fmt(r["stall_iqr"], 2),
             fmt(r["total_s"]),
+            str(int(r["n_tensors"])),
+            fmt_us(r["stall_us_per_tensor"]),
+            fmt_us(r["persist_us_per_tensor"]),
             f"{r['restore_GBps']:.2f}",
             f"{r['pinned_x']:.2f}",
             f"{r['page_cache_x']:.2f}",

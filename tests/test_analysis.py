@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import runs, stats
+from analysis import runs, stats, summary
 from analysis.figures.bandwidth import bandwidth_vs_tensor_size
 from analysis.figures.feasibility import feasibility
 from analysis.figures.host import host_memory
@@ -147,6 +147,86 @@ def test_summary_table_numbers(run: runs.Run) -> None:
     ts = t[(t["engine"] == "torch-save")]
     assert list(ts["speedup_stall"]) == [1.0, 1.0]
     assert "efficiency_pct" not in t  # no ceilings in env.json
+
+
+def test_cost_per_tensor_next_to_bandwidth(run: runs.Run) -> None:
+    """us per tensor (median stall_s and persist_s over n_tensors) beside GB/s, for every case,
+    from results.csv read here with the csv module; three cases by hand."""
+    import csv
+    import statistics
+
+    with open(DEFAULT / "results.csv", newline="") as f:
+        timed = [r for r in csv.DictReader(f) if r["warmup"] == "False"]
+    t = stats.summary_table(run)
+    assert len(t) == 16
+    for _, row in t.iterrows():
+        reps = [
+            r
+            for r in timed
+            if (r["workload"], int(r["n_targets"]), r["engine"])
+            == (row["workload"], row["n_targets"], row["engine"])
+        ]
+        n = int(reps[0]["n_tensors"])
+        assert (
+            row["n_tensors"]
+            == n
+            == {"synthetic-1GiB-4MiB": 256, "synthetic-1GiB-256MiB": 4}[row["workload"]]
+        )
+        for col, us in (("stall_s", "stall_us_per_tensor"), ("persist_s", "persist_us_per_tensor")):
+            want = statistics.median(float(r[col]) for r in reps) / n * 1e6
+            assert row[us] == pytest.approx(want, rel=1e-9), (row["engine"], col)
+
+    def case(workload: str, engine: str) -> pd.Series:
+        return t[
+            (t["workload"] == workload) & (t["n_targets"] == 1) & (t["engine"] == engine)
+        ].iloc[0]
+
+    # cpu-single, 4 x 256 MiB: stalls 0.084857, 0.098805, 0.091066 s; persists 0.304012,
+    # 0.317049, 0.328527 s
+    cs = case("synthetic-1GiB-256MiB", "cpu-single")
+    assert cs["stall_us_per_tensor"] == pytest.approx(0.091065734 / 4 * 1e6)  # 22,766 us
+    assert cs["persist_us_per_tensor"] == pytest.approx(0.317048919 / 4 * 1e6)  # 79,262 us
+    # cpu-single, 256 x 4 MiB: median stall 0.806421 s, median persist 0.397135 s
+    cs4 = case("synthetic-1GiB-4MiB", "cpu-single")
+    assert cs4["stall_us_per_tensor"] == pytest.approx(0.806421412 / 256 * 1e6)  # 3,150 us
+    assert cs4["persist_us_per_tensor"] == pytest.approx(0.397135495 / 256 * 1e6)  # 1,551 us
+    # gds returns durable: its persist is the wait() alone, 6.3 us for 256 tensors
+    g4 = case("synthetic-1GiB-4MiB", "gds")
+    assert g4["persist_us_per_tensor"] == pytest.approx(6.34e-6 / 256 * 1e6, rel=1e-3)
+    headers, rows = stats.summary_rows(t)
+    at = headers.index("write GB/s")
+    assert headers[at : at + 9] == [
+        "write GB/s",
+        "IQR",
+        "stall s",
+        "IQR",
+        "durable s",
+        "tensors",
+        "stall us/tensor",
+        "persist us/tensor",
+        "restore GB/s",
+    ]
+    by_case = {tuple(r[:3]): r for r in rows}
+    assert by_case[("synthetic-1GiB-256MiB", "1", "cpu-single")][at + 5 : at + 8] == [
+        "4",
+        "22766",
+        "79262",
+    ]
+    assert by_case[("synthetic-1GiB-4MiB", "1", "cpu-single")][at + 5 : at + 8] == [
+        "256",
+        "3150",
+        "1551",
+    ]
+    assert by_case[("synthetic-1GiB-4MiB", "1", "gds")][at + 5 : at + 8] == [
+        "256",
+        "2232",
+        "0.0248",
+    ]
+    # the terminal's table (ckptbench run / report) carries them too, rounded to 0.1 us
+    term = summary.table(run)
+    assert term.loc[("synthetic-1GiB-4MiB", 1, "cpu-single"), "stall_us/tensor"] == 3150.1
+    assert term.loc[("synthetic-1GiB-4MiB", 1, "cpu-single"), "persist_us/tensor"] == 1551.3
+    assert term.loc[("synthetic-1GiB-4MiB", 1, "cpu-single"), "tensors"] == 256
 
 
 def test_summary_rows_mark_every_row_emulated(run: runs.Run) -> None:
@@ -415,6 +495,57 @@ def test_compat_rows_are_labelled(tmp_path: Path) -> None:
     )
 
 
+# --- stalls timed by the engines (runs before ckptbench 0.2.0) ---------------------------------
+
+OLD_CLOCK = (
+    "This run was made before ckptbench 0.2.0 (env.json has no `stall_clock: harness`): each "
+    "engine stopped its own stall clock, which could miss work save() still did after it (up to "
+    "38-89 % of the stall on states of 20,000 x 4 KiB tensors), so its stall_s may read short "
+    "against newer runs."
+)
+
+
+def clock_copy(tmp_path: Path, stall_clock: str | None, src: Path = DEFAULT) -> str:
+    """A copy of a fixture run whose env.json says `stall_clock` (None: the key removed)."""
+    out = tmp_path / f"clock-{stall_clock}"
+    shutil.copytree(src, out)
+    env = json.loads((out / "env.json").read_text())
+    env.pop("stall_clock", None)
+    if stall_clock is not None:
+        env["stall_clock"] = stall_clock
+    (out / "env.json").write_text(json.dumps(env))
+    return str(out)
+
+
+def test_a_run_before_the_harness_clock_is_marked(
+    run: runs.Run, built: Report, tmp_path: Path
+) -> None:
+    """The committed fixtures predate `stall_clock`: one loud line, in the caveats, report.md and
+    the notes `report` prints; a run timed by the harness has none; another value is named."""
+    assert "stall_clock" not in run.env and not run.harness_clock
+    assert [w for w in warnings_for(run) if "0.2.0" in w] == [OLD_CLOCK]
+    md = (Path(built.outdir) / "report.md").read_text()
+    assert md.count("ckptbench 0.2.0") == 1
+    assert f"> **{OLD_CLOCK}**" in md
+    assert OLD_CLOCK in built.notes
+    new = runs.load(clock_copy(tmp_path, "harness"))
+    assert new.harness_clock
+    assert not [w for w in warnings_for(new) if "0.2.0" in w]
+    assert warnings_for(new) == [w for w in warnings_for(run) if w != OLD_CLOCK]
+    other = runs.load(clock_copy(tmp_path, "engine"))
+    (said,) = [w for w in warnings_for(other) if "0.2.0" in w]
+    assert said.startswith("This run was made before ckptbench 0.2.0 (stall_clock 'engine'): ")
+
+
+def test_report_of_a_harness_clock_run_has_no_such_line(tmp_path: Path) -> None:
+    new = clock_copy(tmp_path, "harness")
+    rep = build(new, str(tmp_path / "rep"))
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "0.2.0" not in md and "stall_clock" not in md
+    assert not any("0.2.0" in n for n in rep.notes)
+    assert "> **HOST-EMULATED run (no GPU)" in md  # the other caveats stay
+
+
 # --- the report ----------------------------------------------------------------------------
 
 
@@ -447,8 +578,9 @@ def test_report_md_content(built: Report) -> None:
     # the summary row checked number by number in test_summary_table_numbers
     assert (
         "| synthetic-1GiB-256MiB | 1 | cpu-single | EMULATED | 3 | 2.58 | 0.10 | 0.0911 | "
-        "0.007 | 0.416 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |"
+        "0.007 | 0.416 | 4 | 22766 | 79262 | 1.57 | 1.00 | 0.00 | 24.9 | 5.44 |"
     ) in md
+    assert "| durable s | tensors | stall us/tensor | persist us/tensor | restore GB/s |" in md
     for stem in FIGURES:
         assert f"({stem}.png)" in md
     assert "| gds (from device) | W_g | S / min(L, r) | = stall | 0 |" in md

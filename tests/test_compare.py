@@ -90,6 +90,55 @@ def test_differences_are_warned(ab: compare.Comparison) -> None:
     assert any(w.startswith("storage differs") and "vda" in w and "loop0" in w for w in ab.warnings)
 
 
+def _with_clock(tmp_path: Path, run: Path, stall_clock: str) -> str:
+    out = tmp_path / f"{run.name}-{stall_clock}"
+    shutil.copytree(run, out)
+    env = json.loads((out / "env.json").read_text())
+    env["stall_clock"] = stall_clock
+    (out / "env.json").write_text(json.dumps(env))
+    return str(out)
+
+
+def test_runs_before_the_harness_clock_are_named_once(
+    ab: compare.Comparison, tmp_path: Path
+) -> None:
+    """Both fixtures predate `stall_clock: harness`: one note naming both, no warning (the same
+    clock); an older run against a newer one: the note names the older, and a warning says the
+    clocks differ; two newer runs: nothing."""
+    (note,) = ab.notes
+    assert note.startswith(
+        "Runs A and B were made before ckptbench 0.2.0 (env.json has no `stall_clock: harness`):"
+    )
+    assert note.endswith("so their stall_s may read short against newer runs.")
+    assert not any("clock" in w for w in ab.warnings)
+    text = compare.text(ab)
+    assert text.count("ckptbench 0.2.0") == 1 and f"note: {note}" in text
+    newer_b = _with_clock(tmp_path, B, "harness")
+    mixed = compare.compare([str(A), newer_b], metric="stall")
+    (note,) = mixed.notes
+    assert note.startswith("Run A was made before ckptbench 0.2.0 (env.json has no ")
+    assert note.endswith("so its stall_s may read short against newer runs.")
+    clock = [w for w in mixed.warnings if w.startswith("stall clock differs")]
+    assert clock == [
+        "stall clock differs: A predates ckptbench 0.2.0 (each engine timed its own stall, which "
+        "could read short), B was timed by the harness around save(): a stall ratio between "
+        "them mixes the two clocks"
+    ]
+    assert f"warning: {clock[0]}" in compare.text(mixed)
+    # the other way round: the older run second
+    flipped = compare.compare([_with_clock(tmp_path, A, "harness"), str(B)])
+    assert flipped.notes[0].startswith("Run B was made before ckptbench 0.2.0")
+    assert any(w.startswith("stall clock differs: B predates") for w in flipped.warnings)
+    newer_a = str(tmp_path / "20261202T161542Z-cmpa-0ead53-harness")
+    both_new = compare.compare([newer_a, newer_b])
+    assert both_new.notes == [] and not any("clock" in w for w in both_new.warnings)
+    assert "0.2.0" not in compare.text(both_new)
+    # compare.md says it too
+    paths = compare.write(mixed, str(tmp_path / "out"))
+    md = Path(next(p for p in paths if p.endswith("compare.md"))).read_text()
+    assert f"> **{mixed.notes[0]}**" in md and clock[0] in md
+
+
 def test_refuses_emulated_against_real(tmp_path: Path) -> None:
     real = edited_copy(
         tmp_path,

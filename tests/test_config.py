@@ -68,11 +68,14 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     models = config.load(str(REPO / "configs" / "models.yaml"))
     # the presets at their true sizes (the preflight refuses what a machine cannot hold)
-    assert [(m.preset, m.optimizer, m.world_size, m.rank) for m in models.models] == [
-        ("gpt2-small", True, 8, 0),
-        ("gpt2-large", True, 8, 0),
-        ("gpt2-xl", True, 8, 0),
-        ("llama-7b-shard", True, 8, 0),
+    assert [
+        (m.preset, m.optimizer, m.world_size, m.rank, m.expert_parallel) for m in models.models
+    ] == [
+        ("gpt2-small", True, 8, 0, 1),
+        ("gpt2-large", True, 8, 0, 1),
+        ("gpt2-xl", True, 8, 0, 1),
+        ("llama-7b-shard", True, 8, 0, 1),
+        ("olmoe-1b-7b-shard", True, 8, 0, 8),
     ]
     scaling = config.load(str(REPO / "configs" / "scaling.yaml"))
     sizes = scaling.total_sizes
@@ -80,6 +83,20 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sorted(scaling.engines) == sorted(e for e in ENGINES if e != "fastpersist")
     opts = config.resolved(scaling)["engine_options"]
     assert opts["cpu-single"]["staging_chunks"] == opts["cpu-double"]["staging_chunks"] == 4
+    many = config.load(str(REPO / "configs" / "many-tensors.yaml"))
+    # the same 80 MiB as 20,480 x 4 KiB, 1,280 x 64 KiB and 5 x 16 MiB, and an MoE shard
+    run, skipped = many.synthetic_cases()
+    assert run == [(80 * 2**20, t) for t in (4 * 2**10, 64 * 2**10, 16 * 2**20)]
+    assert [80 * 2**20 // t for _, t in run] == [20_480, 1_280, 5] and skipped == []
+    assert many.engines == ["gds", "cpu-single", "cpu-double", "torch-save"]
+    (moe,) = many.models
+    assert (moe.preset, moe.world_size, moe.expert_parallel, moe.rank) == (
+        "olmoe-1b-7b-shard",
+        64,
+        4,
+        5,
+    )
+    assert not many.ceilings.enabled and many.ssd_counts == [1]
     server = config.load(str(REPO / "configs" / "server.yaml"))
     assert server.resolved_targets() == [f"/mnt/nvme{i}/ckptbench" for i in range(8)]
     assert config.resolved(server)["engine_options"]["cpu-single"]["chunk_bytes"] == 32 * 2**20
@@ -191,6 +208,30 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
             {"models": [{"preset": "llama-7b-shard", "world_size": 0}]},
             "models.0.world_size: Input should be greater than 0, got 0",
         ),
+        (
+            {"models": [{"preset": "llama-7b-shard", "world_size": 64}]},
+            "models.0: llama-7b-shard: need 1 <= world_size <= 32 and 0 <= rank < world_size, "
+            "got world_size=64, rank=0",
+        ),
+        (
+            {"models": [{"preset": "gpt2-small", "expert_parallel": 8}]},
+            "models.0: gpt2-small: expert_parallel applies to mixture-of-experts presets only, "
+            "got 8",
+        ),
+        (
+            {"models": [{"preset": "olmoe-1b-7b-shard", "world_size": 8, "expert_parallel": 16}]},
+            "models.0: olmoe-1b-7b-shard: expert_parallel must divide num_experts (64) and "
+            "world_size (8), got 16",
+        ),
+        (
+            {"models": [{"preset": "olmoe-1b-7b-shard", "world_size": 64, "expert_parallel": 2}]},
+            "models.0: olmoe-1b-7b-shard: need 1 <= world_size / expert_parallel <= 16 pipeline "
+            "stages and 0 <= rank < world_size, got world_size=64, expert_parallel=2, rank=0",
+        ),
+        (
+            {"models": [{"preset": "olmoe-1b-7b-shard", "expert_parallel": 0}]},
+            "models.0.expert_parallel: Input should be greater than 0, got 0",
+        ),
         ({"name": "a/b"}, "name: 'a/b' must be a non-empty name without '/'"),
     ],
 )
@@ -273,3 +314,30 @@ def test_defaults_and_bare_model_names(scratch: Path) -> None:
     assert (cfg.repetitions, cfg.warmups, cfg.verify, cfg.on_error) == (3, 1, True, "continue")
     assert cfg.models[0] == config.ModelSpec(preset="gpt2-small")
     assert cfg.resolved_targets() == [os.path.abspath("scratch/bench/target-0")]
+
+
+def test_model_workloads_name_their_shard(scratch: Path) -> None:
+    """A sharded preset's workload id says which shard (and the expert-parallel cut); its size
+    comes from the shapes without building the state."""
+    from bench.run import plan
+
+    raw = {
+        "engines": ["cpu-single"],
+        "models": [
+            "gpt2-small",
+            {"preset": "llama-7b-shard", "world_size": 8, "rank": 1},
+            {"preset": "olmoe-1b-7b-shard", "world_size": 64, "expert_parallel": 4, "rank": 5},
+            {"preset": "olmoe-1b-7b-shard", "world_size": 16, "optimizer": False},
+        ],
+    }
+    cfg = config.load(_write(scratch, raw))
+    wls = plan.workloads(cfg)
+    assert [w.id for w in wls] == [
+        "gpt2-small",
+        "llama-7b-shard-r1of8",
+        "olmoe-1b-7b-shard-r5of64-ep4",
+        "olmoe-1b-7b-shard-noopt-r0of16",
+    ]
+    size = wls[2].size(cfg, False, 1)
+    # layer 1's experts 16-31: 48 matrices of 1024 x 2048, fp32, with AdamW (4 tensors each)
+    assert (size.nbytes, size.tensors) == (48 * 3 * 4 * 1024 * 2048 + 48 * 4, 192)

@@ -4,6 +4,7 @@ the training figure and the report of a training-only and of a combined run dire
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -380,6 +381,30 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     assert "| gds [emulated] | 3 |" in md
     assert "Is GDS worth it" not in md  # no harness rows: only the training section
     assert rep.summary_text.splitlines()[0].startswith("engine")
+
+
+def test_report_of_a_training_run_says_whose_clock_timed_its_stalls(
+    tiny_run: tuple, scratch: Path
+) -> None:
+    """A training run whose env.json lacks `stall_clock: harness` (made before ckptbench 0.2.0)
+    gets one line at the top of its report and in its notes; with the key, none."""
+    run_dir, _, _ = tiny_run
+    said = {}
+    for clock in (None, "harness"):
+        copy = scratch / f"train-{clock}"
+        shutil.copytree(run_dir, copy)
+        env = json.loads((copy / "env.json").read_text())
+        env.pop("stall_clock", None)
+        if clock:
+            env["stall_clock"] = clock
+        (copy / "env.json").write_text(json.dumps(env))
+        rep = build(str(copy), str(copy / "rep"))
+        md = (copy / "rep" / "report.md").read_text()
+        said[clock] = (md.count("ckptbench 0.2.0"), [n for n in rep.notes if "0.2.0" in n])
+    count, notes = said[None]
+    assert count == 1 and len(notes) == 1
+    assert notes[0].startswith("This run was made before ckptbench 0.2.0 (env.json has no ")
+    assert said["harness"] == (0, [])
 
 
 def test_report_of_a_harness_run_with_training(tiny_run: tuple, scratch: Path) -> None:

@@ -190,6 +190,7 @@ def figures_section(d: Doc, this: Profile | None, tr: training.TrainingRun | Non
 def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0: float) -> Report:
     """The report of a run directory that holds only a training-loop run."""
     os.makedirs(outdir, exist_ok=True)
+    clock = runs.clock_note(tr.env)  # a run with results.csv says it among its caveats
     paths = save(training_stall(tr), outdir, "training_stall")
     table = training.summary(tr)
     summary_text = text_table(*training.summary_rows(table))
@@ -198,8 +199,11 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0
         table.to_csv(csv_path, index=False)
         d = Doc()
         d.h(1, f"ckptbench report: {tr.run_id}")
+        if clock is not None:
+            d.warn(clock)
         training_section(d, tr)
         d.h(2, "Environment")
         d.table(["", "value"], training_env_rows(tr.env))
         paths += [csv_path, *write_doc(d, outdir, tr.run_id)]
-    return Report(outdir, paths, table, summary_text, training.notes(tr), time.perf_counter() - t0)
+    notes = ([clock] if clock is not None else []) + training.notes(tr)
+    return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)

@@ -1,5 +1,6 @@
-"""The report's loud lines: what the numbers of a run are not (emulated, compat, one shared
-device, an unfinished run, restores from the page cache, rows left out).
+"""The report's loud lines: what the numbers of a run are not (stalls from the engines' own
+clocks before ckptbench 0.2.0, emulated, compat, one shared device, an unfinished run, restores
+from the page cache, rows left out).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis import scaling
-from analysis.runs import Run
+from analysis.runs import Run, clock_note
 
 
 def warnings_for(run: Run) -> list[str]:
@@ -18,6 +19,8 @@ def warnings_for(run: Run) -> list[str]:
             f"This run did not finish: {left[0]} of {left[1]} saves recorded; its numbers cover "
             f"only the cases that ran. `ckptbench run CONFIG --resume {run.path}` finishes it."
         )
+    if (clock := clock_note(run.env)) is not None:
+        out.append(clock)
     if run.emulated:
         out.append(
             "HOST-EMULATED run (no GPU): host memory stands in for GPU memory in every "

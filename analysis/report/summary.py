@@ -13,8 +13,12 @@ def summary_section(d: Doc, table: pd.DataFrame) -> None:
     d.h(2, "Summary")
     d.p(
         "Per case: n timed repetitions; medians with their interquartile range (IQR); "
-        "'durable s' = median total_s; pinned and page cache as multiples of the checkpoint "
-        "size S; 'x torch-save' = torch-save's median (same workload, its one SSD) over this "
+        "'durable s' = median total_s; 'tensors' = the state's tensor count, and what a "
+        "save costs per tensor beside what it costs per byte: 'stall us/tensor' and "
+        "'persist us/tensor' = median stall_s and persist_s over that count, in microseconds "
+        "(persist: what wait() still blocked after save() returned; a few microseconds a save "
+        "for the engines whose save() returns durable); pinned and page cache as multiples of "
+        "the checkpoint size S; 'x torch-save' = torch-save's median (same workload, its one SSD) over this "
         "engine's, for the stall and for the time to durability; 'x best baseline' the same "
         "against the best of the libraries users would otherwise pick (torch.save, DCP, "
         "safetensors, FastPersist: whichever ran), each by its shortest median on the workload. "

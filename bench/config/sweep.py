@@ -15,7 +15,7 @@ from pydantic import Field
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
 from bench.engines import ENGINES, validate_options
-from bench.workloads.presets import PRESETS
+from bench.workloads.presets import PRESETS, cut_error
 
 Mapping = Literal["shared", "dedicated", "per_target"]
 JobsDepth = Annotated[list[PosInt], Field(min_length=2, max_length=2)]  # [writers, queue depth]
@@ -29,6 +29,9 @@ class ModelSpec(Strict):
     dtype: str = "float32"
     world_size: PosInt = 8
     rank: Annotated[int, Field(ge=0)] = 0
+    # Mixture-of-experts presets: expert ranks within a pipeline stage (world_size /
+    # expert_parallel stages); 1 for every other preset.
+    expert_parallel: PosInt = 1
 
 
 class TargetSpec(Strict):
@@ -180,6 +183,9 @@ def _check(cfg: Config) -> None:
             )
         if m.rank >= m.world_size:
             raise UserError(f"models.{i}.rank: {m.rank} must be below world_size {m.world_size}")
+        why = cut_error(m.preset, m.world_size, m.rank, m.expert_parallel)
+        if why:
+            raise UserError(f"models.{i}: {why}")
     if cfg.ranks is not None:
         _check_ranks(cfg)
 

@@ -16,6 +16,7 @@ from bench.common import sizes
 from bench.common.errors import UserError
 from bench.config import sweep as config_mod
 from bench.engines import REGISTRY
+from bench.workloads.presets import PRESETS
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Workload:
 
         m = self.model
         nbytes, largest, n = model_size(
-            m.preset, getattr(torch, m.dtype), m.optimizer, m.world_size, m.rank
+            m.preset, getattr(torch, m.dtype), m.optimizer, m.world_size, m.rank, m.expert_parallel
         )
         return StateSize(nbytes, largest, n, cuda, targets)
 
@@ -69,7 +70,14 @@ class Workload:
             )
         m = self.model
         return model_state(
-            m.preset, device, getattr(torch, m.dtype), m.optimizer, m.world_size, m.rank, cfg.seed
+            m.preset,
+            device,
+            getattr(torch, m.dtype),
+            m.optimizer,
+            m.world_size,
+            m.rank,
+            cfg.seed,
+            m.expert_parallel,
         )
 
 
@@ -81,8 +89,10 @@ def workloads(cfg: config_mod.Config) -> list[Workload]:
         out.append(Workload(wid, "synthetic", total, tensor))
     for m in cfg.models:
         wid = m.preset if m.optimizer else f"{m.preset}-noopt"
-        if m.preset == "llama-7b-shard":
+        if PRESETS[m.preset].kind in ("llama", "moe"):  # the sharded presets: which shard
             wid += f"-r{m.rank}of{m.world_size}"
+        if m.expert_parallel > 1:
+            wid += f"-ep{m.expert_parallel}"
         out.append(Workload(wid, "model", 0, 0, m))
     return out
 

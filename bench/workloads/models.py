@@ -8,10 +8,16 @@ fp32 tensor, as torch.optim stores them.
 - GPT-2 small/medium/large/xl: the Hugging Face GPT-2 layout (tied embeddings, Conv1D weights).
 - llama-7b-shard: a Llama-2-7B-style model cut into `world_size` pipeline shards by layer;
   `rank` picks one (rank 0 also holds the embeddings, the last rank the norm and lm_head).
+- olmoe-1b-7b-shard: OLMoE-1B-7B (64 experts in each of 16 layers; figures and source in
+  bench.workloads.presets) with the Hugging Face names, cut into `world_size / expert_parallel`
+  pipeline stages by layer and `expert_parallel` expert ranks within a stage
+  (bench.workloads.presets.cut). One expert's gate, up and down matrices are 8 MiB each in fp32,
+  and AdamW keeps three tensors per parameter: a shard holds hundreds to thousands of tensors.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -19,7 +25,7 @@ import numpy as np
 import torch
 
 from bench.common.errors import UserError
-from bench.workloads.presets import PRESETS, Arch
+from bench.workloads.presets import PRESETS, Arch, Cut, cut, cut_error
 from bench.workloads.synthetic import DeviceMemory, fill_random
 
 
@@ -48,12 +54,11 @@ def _gpt2_shapes(a: Arch) -> list[tuple[str, tuple[int, ...]]]:
 
 def _llama_shapes(a: Arch, world_size: int, rank: int) -> list[tuple[str, tuple[int, ...]]]:
     d, f = a.d_model, a.d_ff
-    per = a.n_layer // world_size
-    lo, hi = rank * per, (rank + 1) * per if rank < world_size - 1 else a.n_layer
+    c = cut(a, world_size, rank)
     shapes: list[tuple[str, tuple[int, ...]]] = []
-    if rank == 0:
+    if c.first:
         shapes.append(("model.embed_tokens.weight", (a.vocab, d)))
-    for i in range(lo, hi):
+    for i in range(c.lo, c.hi):
         p = f"model.layers.{i}."
         shapes += [
             (p + "self_attn.q_proj.weight", (d, d)),
@@ -66,22 +71,60 @@ def _llama_shapes(a: Arch, world_size: int, rank: int) -> list[tuple[str, tuple[
             (p + "input_layernorm.weight", (d,)),
             (p + "post_attention_layernorm.weight", (d,)),
         ]
-    if rank == world_size - 1:
+    if c.last:
         shapes += [("model.norm.weight", (d,)), ("lm_head.weight", (a.vocab, d))]
     return shapes
 
 
-def _shapes(preset: str, world_size: int, rank: int) -> list[tuple[str, tuple[int, ...]]]:
-    if preset not in PRESETS:
-        raise UserError(f"unknown model preset {preset!r} (known: {', '.join(PRESETS)})")
+def _moe_shapes(a: Arch, c: Cut) -> list[tuple[str, tuple[int, ...]]]:
+    """The Hugging Face OlmoeForCausalLM state dict (transformers 4.4x: one module per expert,
+    QK-norm over the whole projection) of a cut, in its module order; experts keep their
+    global index, so that names are unique across ranks."""
+    d, f = a.d_model, a.d_ff
+    kv = d // a.n_head * a.n_kv_head
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    if c.dense and c.first:
+        shapes.append(("model.embed_tokens.weight", (a.vocab, d)))
+    for i in range(c.lo, c.hi):
+        p = f"model.layers.{i}."
+        if c.dense:
+            shapes += [
+                (p + "self_attn.q_proj.weight", (d, d)),
+                (p + "self_attn.k_proj.weight", (kv, d)),
+                (p + "self_attn.v_proj.weight", (kv, d)),
+                (p + "self_attn.o_proj.weight", (d, d)),
+                (p + "self_attn.q_norm.weight", (d,)),
+                (p + "self_attn.k_norm.weight", (kv,)),
+                (p + "mlp.gate.weight", (a.n_experts, d)),
+            ]
+        for e in range(c.e_lo, c.e_hi):
+            x = f"{p}mlp.experts.{e}."
+            shapes += [
+                (x + "gate_proj.weight", (f, d)),
+                (x + "up_proj.weight", (f, d)),
+                (x + "down_proj.weight", (d, f)),
+            ]
+        if c.dense:
+            shapes += [
+                (p + "input_layernorm.weight", (d,)),
+                (p + "post_attention_layernorm.weight", (d,)),
+            ]
+    if c.dense and c.last:
+        shapes += [("model.norm.weight", (d,)), ("lm_head.weight", (a.vocab, d))]
+    return shapes
+
+
+def _shapes(
+    preset: str, world_size: int, rank: int, expert_parallel: int = 1
+) -> list[tuple[str, tuple[int, ...]]]:
+    why = cut_error(preset, world_size, rank, expert_parallel)
+    if why:
+        raise UserError(why)
     a = PRESETS[preset]
     if a.kind == "llama":
-        if not (1 <= world_size <= a.n_layer) or not (0 <= rank < world_size):
-            raise UserError(
-                f"{preset}: need 1 <= world_size <= {a.n_layer} and 0 <= rank < world_size, "
-                f"got world_size={world_size}, rank={rank}"
-            )
         return _llama_shapes(a, world_size, rank)
+    if a.kind == "moe":
+        return _moe_shapes(a, cut(a, world_size, rank, expert_parallel))
     return _gpt2_shapes(a)
 
 
@@ -91,13 +134,14 @@ def model_size(
     optimizer: bool = True,
     world_size: int = 8,
     rank: int = 0,
+    expert_parallel: int = 1,
 ) -> tuple[int, int, int]:
     """(bytes, largest tensor's bytes, tensors) of `model_state`'s state, without building it."""
     item = torch.empty(0, dtype=dtype).element_size()
-    sizes = [int(np.prod(shape)) * item for _, shape in _shapes(preset, world_size, rank)]
+    numels = [math.prod(shape) for _, shape in _shapes(preset, world_size, rank, expert_parallel)]
+    sizes = [n * item for n in numels]
     if optimizer:  # exp_avg and exp_avg_sq in fp32, and a 4-byte step per parameter
-        sizes += [int(np.prod(shape)) * 4 for _, shape in _shapes(preset, world_size, rank)] * 2
-        sizes += [4] * (len(sizes) // 3)
+        sizes += [n * 4 for n in numels] * 2 + [4] * len(numels)
     return sum(sizes), max(sizes), len(sizes)
 
 
@@ -109,9 +153,22 @@ def model_state(
     world_size: int = 8,
     rank: int = 0,
     seed: int = 0,
+    expert_parallel: int = 1,
 ) -> dict[str, Any]:
     """The checkpoint state of a preset model (and its AdamW state when `optimizer`)."""
-    shapes = _shapes(preset, world_size, rank)
+    shapes = _shapes(preset, world_size, rank, expert_parallel)
+    return _state(shapes, device, dtype, optimizer, seed)
+
+
+def _state(
+    shapes: list[tuple[str, tuple[int, ...]]],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    optimizer: bool,
+    seed: int,
+) -> dict[str, Any]:
+    """A model state dict of these shapes and, when `optimizer`, torch.optim.AdamW's state dict
+    for it; one pass over the shapes, each tensor carved from the device's memory as it comes."""
     rng = np.random.Generator(np.random.SFC64(seed))
     memory = DeviceMemory(device)
 
