@@ -18,6 +18,7 @@ import pandas as pd
 from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.measure import results
+from bench.measure.clock import STALL_CLOCK
 from bench.measure.efficiency import best_ceilings as ceilings
 from bench.measure.efficiency import efficiency, engine_traits
 
@@ -27,9 +28,9 @@ GB = 1e9
 
 
 # env.json `stall_clock` of a run whose stalls the harness timed around save() (ckptbench 0.2.0
-# and later). Earlier runs lack the key: each engine stopped its own stall clock, which could
-# miss work save() still did after it.
-HARNESS_CLOCK = "harness"
+# and later, bench.measure.clock). Earlier runs lack the key: each engine stopped its own stall
+# clock, which could miss work save() still did after it.
+HARNESS_CLOCK = STALL_CLOCK
 
 
 def harness_clock(env: dict[str, Any]) -> bool:
