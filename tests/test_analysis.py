@@ -525,7 +525,7 @@ def test_a_run_before_the_harness_clock_is_marked(
     assert "stall_clock" not in run.env and not run.harness_clock
     assert [w for w in warnings_for(run) if "0.2.0" in w] == [OLD_CLOCK]
     md = (Path(built.outdir) / "report.md").read_text()
-    assert md.count("ckptbench 0.2.0") == 1
+    assert md.count("made before ckptbench 0.2.0") == 1
     assert f"> **{OLD_CLOCK}**" in md
     assert OLD_CLOCK in built.notes
     new = runs.load(clock_copy(tmp_path, "harness"))

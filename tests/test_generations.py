@@ -405,7 +405,7 @@ def test_the_commit_syncs_every_directory_before_the_manifest(
         manifest, "fsync_dir", lambda p: (events.append(("sync", p)), real_sync(p))[1]
     )
     monkeypatch.setattr(
-        manifest, "commit", lambda t, m: (events.append(("commit", "")), real_commit(t, m))[1]
+        manifest, "commit", lambda *a: (events.append(("commit", "")), real_commit(*a))[1]
     )
     eng.save(state_of(1), "ckpt").wait()
     before = {p for kind, p in events[: events.index(("commit", ""))] if kind == "sync"}

@@ -400,7 +400,10 @@ def test_report_of_a_training_run_says_whose_clock_timed_its_stalls(
         (copy / "env.json").write_text(json.dumps(env))
         rep = build(str(copy), str(copy / "rep"))
         md = (copy / "rep" / "report.md").read_text()
-        said[clock] = (md.count("ckptbench 0.2.0"), [n for n in rep.notes if "0.2.0" in n])
+        said[clock] = (
+            md.count("made before ckptbench 0.2.0"),
+            [n for n in rep.notes if "made before ckptbench 0.2.0" in n],
+        )
     count, notes = said[None]
     assert count == 1 and len(notes) == 1
     assert notes[0].startswith("This run was made before ckptbench 0.2.0 (env.json has no ")
