@@ -16,9 +16,10 @@ as on the real path; elsewhere host-to-host (host-emulated). After pytest-benchm
 table, a second table gives each benchmark's throughput in GB/s.
 
 This file is named bench_*.py so that the default collection (`test_*.py`, `make test`) skips
-it; `make perf` collects it with `-o python_files='bench_*.py'`. Its fixtures live here, not in
-a tests/perf/conftest.py: a second module named `conftest` would shadow tests/conftest.py for the
-tests that `from conftest import ...`.
+it; `make perf` collects it with `-o python_files='bench_*.py'`. Its fixtures live here, and
+what it shares with bench_per_tensor.py (scratch directories, the summary tables' plugin) in
+perf_common.py, not in a tests/perf/conftest.py: a second module named `conftest` would shadow
+tests/conftest.py for the tests that `from conftest import ...`.
 
 Scratch files go to `$CKPTBENCH_SCRATCH/perf`, else `<repo>/scratch/perf`, never /tmp: /tmp is
 often tmpfs, which refuses O_DIRECT.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from perf_common import SummaryTable, scratch_dir
 
 from bench.common.devices import Device, detect
 from bench.storage import checksums, generations, layout, manifest, odirect
@@ -44,7 +45,6 @@ from bench.storage.staging import Staging
 from bench.storage.tree import flatten
 from bench.workloads import fill_random, synthetic_state
 
-REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 CHUNK = 16 * MiB  # StripedOptions.chunk_bytes default
 SNAPSHOT_BYTES = 256 * MiB
@@ -59,10 +59,7 @@ UNALIGNED_AT = 1000  # a tensor address 1000 bytes past a 4 KiB boundary (direct
 @pytest.fixture(scope="session")
 def perf_scratch() -> Iterator[Path]:
     """A fresh directory on a disk-backed filesystem for this session, removed afterwards."""
-    env = os.environ.get("CKPTBENCH_SCRATCH")
-    base = Path(env) / "perf" if env else REPO / "scratch" / "perf"
-    base.mkdir(parents=True, exist_ok=True)
-    d = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+    d = scratch_dir("run-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -76,25 +73,10 @@ def odirect_dir(perf_scratch: Path) -> Path:
     return perf_scratch
 
 
-class _ThroughputTable:
-    """A plugin that prints bytes per round over time per round after the timing table."""
+class _ThroughputTable(SummaryTable):
+    """Bytes per round over time per round: (group, name, bytes moved per round, median, min)."""
 
-    def __init__(self) -> None:
-        # (group, name, bytes moved per round, median and min seconds per round), in run order.
-        self.rows: list[tuple[str, str, int, float, float]] = []
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> Any:
-        # After pytest-benchmark's tables, even when its regression check (--benchmark-compare-
-        # fail) raises from its own summary.
-        try:
-            return (yield)
-        finally:
-            self._write(terminalreporter)
-
-    def _write(self, tr: Any) -> None:
-        if not self.rows:
-            return
+    def write(self, tr: Any) -> None:
         tr.write_sep("-", "throughput: bytes per round / time per round (GB/s = 1e9 B/s)")
         gw = max(len(r[0]) for r in self.rows)
         nw = max(len(r[1]) for r in self.rows)
@@ -112,10 +94,7 @@ class _ThroughputTable:
 
 @pytest.fixture(scope="session")
 def _throughput_table(pytestconfig: pytest.Config) -> _ThroughputTable:
-    table = _ThroughputTable()
-    # Registered while the session runs, its terminal-summary hook is still called at the end.
-    pytestconfig.pluginmanager.register(table, "ckptbench-perf-throughput")
-    return table
+    return _ThroughputTable().register(pytestconfig, "ckptbench-perf-throughput")
 
 
 @pytest.fixture

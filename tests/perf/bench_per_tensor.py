@@ -20,22 +20,20 @@ that file gives.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from perf_common import SummaryTable, scratch_dir
 
 from bench.engines import create
 from bench.storage import odirect
 from bench.storage.verify import first_difference
 from bench.workloads import synthetic_state
 
-REPO = Path(__file__).resolve().parents[2]
 N_SMALL = 20_000
 SMALL = 4096
 TOTAL = N_SMALL * SMALL  # 80,000 KiB either way
@@ -47,10 +45,7 @@ ROUNDS = {f"{N_SMALL}x4KiB": 5, "1x80000KiB": 10}
 def per_tensor_scratch() -> Iterator[Path]:
     """A fresh directory on a disk-backed filesystem for this module, removed afterwards; a
     skip where it refuses O_DIRECT (cpu-single writes with it)."""
-    env = os.environ.get("CKPTBENCH_SCRATCH")
-    base = Path(env) / "perf" if env else REPO / "scratch" / "perf"
-    base.mkdir(parents=True, exist_ok=True)
-    d = Path(tempfile.mkdtemp(prefix="per-tensor-", dir=base))
+    d = scratch_dir("per-tensor-")
     reason = odirect.probe(str(d))
     if reason:
         shutil.rmtree(d, ignore_errors=True)
@@ -59,23 +54,10 @@ def per_tensor_scratch() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-class _PerTensorTable:
-    """A plugin that prints time per round over the state's tensors after the timing table."""
+class _PerTensorTable(SummaryTable):
+    """Time per round over the state's tensors: (group, name, tensors, median, min)."""
 
-    def __init__(self) -> None:
-        # (group, name, tensors, median and min seconds per round), in run order
-        self.rows: list[tuple[str, str, int, float, float]] = []
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> Any:
-        try:
-            return (yield)
-        finally:
-            self._write(terminalreporter)
-
-    def _write(self, tr: Any) -> None:
-        if not self.rows:
-            return
+    def write(self, tr: Any) -> None:
         tr.write_sep("-", "per tensor: time per round / tensors (us = microseconds)")
         # the same bytes as one tensor, per group: how many times longer the many tensors take
         one = {g: median for g, _, n, median, _ in self.rows if n == 1}
@@ -95,9 +77,7 @@ class _PerTensorTable:
 
 @pytest.fixture(scope="session")
 def _per_tensor_table(pytestconfig: pytest.Config) -> _PerTensorTable:
-    table = _PerTensorTable()
-    pytestconfig.pluginmanager.register(table, "ckptbench-perf-per-tensor")
-    return table
+    return _PerTensorTable().register(pytestconfig, "ckptbench-perf-per-tensor")
 
 
 def _record(benchmark: Any, table: _PerTensorTable, n: int) -> None:
