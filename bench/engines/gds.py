@@ -405,6 +405,18 @@ class Coalescing:
         }
 
 
+@dataclass
+class Writes:
+    """What one gds save writes: its coalesced tensors, the pieces of the others (from their own
+    memory, `mems`, by tensor index), each file's length, and which tensors are on the device."""
+
+    co: Coalescing
+    pieces: list[layout.Piece]
+    file_bytes: dict[int, int]
+    mems: dict[int, torch.Tensor]
+    dev: list[bool]
+
+
 class Gds(StripedEngine):
     name = "gds"
     traits = Traits(
@@ -770,13 +782,13 @@ class Gds(StripedEngine):
                 file_bytes.get(p.target, 0), odirect.align_up(p.file_offset + p.length)
             )
         if self.io == "emulated":
-            self._persist_emulated(job, co, pieces, file_bytes, mems, dev)
+            self._persist_emulated(job, Writes(co, pieces, file_bytes, mems, dev))
             result.extra = {
                 "io": "emulated",
                 "device_bytes": sum(entries[i].nbytes for i, d in enumerate(dev) if d),
             }
         else:
-            self._persist_kvikio(job, co, pieces, file_bytes, mems, dev)
+            self._persist_kvikio(job, Writes(co, pieces, file_bytes, mems, dev))
         result.extra.update(co.describe())
         result.pinned_bytes = self.pinned_bytes
         # Training may touch the tensors only once save() returns: the stall is the whole
@@ -837,17 +849,10 @@ class Gds(StripedEngine):
             for w in waits[max(0, len(waits) - 2) :]:
                 w()
 
-    def _persist_emulated(
-        self,
-        job: Job,
-        co: Coalescing,
-        pieces: list[layout.Piece],
-        file_bytes: dict[int, int],
-        mems: dict[int, torch.Tensor],
-        dev: list[bool],
-    ) -> None:
+    def _persist_emulated(self, job: Job, w: Writes) -> None:
         """O_DIRECT from the tensors' own memory and from the coalescing buffer, as the kvikio
         path writes (the emulation of gds: never GDS numbers)."""
+        co, pieces, file_bytes, mems, dev = w.co, w.pieces, w.file_bytes, w.mems, w.dev
         fds = self._open(job.result, file_bytes)
         futures: list[Future] = []
 
@@ -910,18 +915,11 @@ class Gds(StripedEngine):
         for row, i in zip(sums.tolist(), on_dev, strict=True):
             job.wsum64[i] = checksums.wsum64_digest(row[0], row[1], entries[i].nbytes)
 
-    def _persist_kvikio(
-        self,
-        job: Job,
-        co: Coalescing,
-        pieces: list[layout.Piece],
-        file_bytes: dict[int, int],
-        mems: dict[int, torch.Tensor],
-        dev: list[bool],
-    ) -> None:
+    def _persist_kvikio(self, job: Job, w: Writes) -> None:
         """Write with kvikio CuFile.pwrite from device memory (paced where a target is capped),
         the coalesced tensors window by window from the coalescing buffer, hash meanwhile,
         fsync, commit the manifest; label the save from what its files did."""
+        co, pieces, file_bytes, mems, dev = w.co, w.pieces, w.file_bytes, w.mems, w.dev
         result, entries = job.result, job.plan.entries
         name = result.name
         settings = self._settings()
