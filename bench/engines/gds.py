@@ -710,7 +710,7 @@ class Gds(StripedEngine):
         under `coalesce_below` is copied (device to device, at HBM speed on a GPU) into one
         buffer of `coalesce_bytes` and written from there in chunks, where thousands of small
         writes would each pay a cuFile call and a file system round trip (on the emulation, an
-        O_DIRECT write each: 200 us a 4 KiB tensor here). They are packed as the snapshot
+        O_DIRECT write each: 170 us a 4 KiB tensor here). They are packed as the snapshot
         engines pack staging (64-byte aligned, chunks dealt round-robin), in windows of the
         buffer's halves that no tensor straddles: one half is filled while the other is
         written. The file of each target holds its coalesced chunks first, then the other

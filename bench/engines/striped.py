@@ -93,6 +93,7 @@ class StripedEngine:
         # gds copies nothing: no copy threads (its options have none)
         copy_threads = getattr(self.options, "copy_threads", None)
         n_copy = 1 if copy_threads is None else copy_threads or min(os.cpu_count() or 1, 8)
+        self._n_copy = n_copy
         self._copy_pool = (
             ThreadPoolExecutor(max_workers=n_copy, thread_name_prefix=f"{self.name}-copy")
             if n_copy > 1
@@ -664,13 +665,8 @@ class SnapshotEngine(StripedEngine):
         pk.unbind()  # no view of the old buffer may keep its memory
         grew = self.staging.ensure(need)
         if not self.options.staging_chunks:
-            pk.bind(
-                self.staging, plan, self.options.chunk_bytes, self._copy_threads(), self.overlap
-            )
+            pk.bind(self.staging, plan, self.options.chunk_bytes, self._n_copy, self.overlap)
         return pk, grew
-
-    def _copy_threads(self) -> int:
-        return self._copy_pool._max_workers if self._copy_pool is not None else 1
 
     def warm(self, state: Any) -> None:
         """The state's plan and its Packing, and staging for it: made, pre-faulted and bound

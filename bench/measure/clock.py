@@ -36,7 +36,7 @@ class TimedSave:
     `wait()` returns the engine's SaveResult with `stall_s`, `total_s` and `persist_s` filled
     from this clock. `t0_ns`, `t_return_ns` and `t_durable_ns` are the readings themselves."""
 
-    def __init__(self, pending: Any, t0_ns: int, t_return_ns: int) -> None:
+    def __init__(self, pending: Any, t0_ns: int, t_return_ns: int, durable: bool) -> None:
         self.pending = pending  # the engine's own handle (bench.engines.base.PendingSave)
         self.t0_ns = t0_ns
         self.t_return_ns = t_return_ns
@@ -45,8 +45,8 @@ class TimedSave:
         result = pending.result
         result.stall_s = self.stall_s
         result.total_s = result.persist_s = 0.0
-        if pending.done():
-            # Durable when save() returned: the total is the stall, to the nanosecond.
+        if durable:
+            # Durable before save() returned: the total is the stall, to the nanosecond.
             self._durable(t_return_ns)
         else:
             pending.on_durable(lambda: self._durable(now_ns()))
@@ -89,8 +89,9 @@ class Clocked:
     def save(self, state: Any, name: str) -> TimedSave:
         t0 = now_ns()
         pending = self.engine.save(state, name)
+        durable = pending.done()  # read before the return is: durable by then at the latest
         t1 = now_ns()
-        return TimedSave(pending, t0, t1)
+        return TimedSave(pending, t0, t1, durable)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.engine, attr)
