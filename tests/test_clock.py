@@ -252,3 +252,32 @@ def test_no_engine_sets_a_stall_or_a_total(path: Path) -> None:
         if isinstance(node, ast.keyword) and node.arg in TIMES:
             found.append(f"line {node.value.lineno}: {node.arg}=")
     assert found == [], f"{path.name} sets the harness's times: {found}"
+
+
+def test_make_peers_goes_through_the_clock(scratch: Path) -> None:
+    """`make peers` (scripts/peers.py), on a tiny state: every method's row holds a stall and a
+    time to durability read by the clock, the restore verified, and env.json says whose clock."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    target(scratch, "t")
+    out = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "peers.py"), "--size", "4MiB", "--tensor", "1MiB"]
+        + ["--reps", "1", "--target", str(scratch / "t"), "-o", str(scratch / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (run,) = (scratch / "out").iterdir()
+    with open(run / "peers.csv", newline="") as f:
+        got = [r for r in csv.DictReader(f) if r["engine"] not in ("copy", "fio")]
+    assert {r["engine"] for r in got} >= {"cpu-single", "torch-save"}
+    for r in got:
+        assert r["verified"] == "True", r
+        assert 0 < float(r["stall_s"]) <= float(r["durable_s"]), r
+        if r["engine"] in ("torch-save", "safetensors"):  # synchronous: durable on return
+            assert float(r["stall_s"]) == float(r["durable_s"]), r
+    assert json.loads((run / "env.json").read_text())["stall_clock"] == "harness"
