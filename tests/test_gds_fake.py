@@ -991,3 +991,83 @@ def test_coalescing_off_writes_each_tensor_from_its_memory(
     assert result.extra["coalesced_tensors"] == 0
     assert len(fake.calls) >= 40 + 1  # one write at least per tensor with bytes
     assert_round_trip(eng.load("ckpt", device="cuda"), state)
+
+
+# -- issue 33: kvikio's own compat reasons, its pinned bounce buffers, registrations released ----
+
+
+@pytest.mark.parametrize(
+    ("machine", "named"),
+    [
+        (
+            {"_libcufile_error": lambda: "libcufile.so.0: cannot open shared object file"},
+            "does not load",
+        ),
+        ({"_run_udev_readable": lambda: False}, "/run/udev is not a readable directory"),
+        ({"_in_wsl": lambda: True}, "running in WSL"),
+    ],
+)
+def test_compat_names_the_check_of_kvikios_that_failed(
+    make_engine, targets, fake_kvikio, fake_cuda, monkeypatch, machine, named
+):
+    """kvikio's AUTO mode falls back to POSIX when libcufile does not load, when /run/udev is
+    not readable (a container without the volume) or in WSL; the label says which."""
+    fake_kvikio(cufile_loads=False)
+    healthy = {"_libcufile_error": lambda: None, "_run_udev_readable": lambda: True}
+    for name, fn in {**healthy, "_in_wsl": lambda: False, **machine}.items():
+        monkeypatch.setattr(gds, name, fn)
+    eng = kvikio_engine(make_engine, targets(1))
+    result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
+    assert result.gds_mode == "compat"
+    (why,) = [r for r in result.extra["compat_reasons"] if r.startswith("kvikio prefers")]
+    assert named in why and why.count(";") == 0  # that check, and only that one
+
+
+def test_compat_asked_for_is_named(make_engine, targets, fake_kvikio, fake_cuda):
+    fake = fake_kvikio()
+    fake.values["compat_mode"] = fake.modules["kvikio"].CompatMode.ON  # KVIKIO_COMPAT_MODE=ON
+    assert gds.compat_reasons(gds.import_kvikio()) == [
+        "compat mode is asked for (KVIKIO_COMPAT_MODE=ON or set in kvikio.defaults)"
+    ]
+
+
+def test_a_compat_save_counts_kvikios_pinned_bounce_buffers(
+    make_engine, targets, fake_kvikio, fake_cuda
+):
+    """kvikio's compat path stages device bytes through a pinned bounce buffer per running task,
+    kept in its pool: num_threads x bounce_buffer_size, derived and said so; a GDS save pins
+    nothing of kvikio's."""
+    fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(2), threads_per_target=3)
+    result = eng.save(mixed_state(fake_cuda), "gds").wait()
+    assert result.gds_mode == "gds" and result.pinned_bytes == 0 == eng.pinned_bytes
+    eng.close()
+    fake_kvikio(cufile_loads=False)
+    eng = kvikio_engine(make_engine, targets(2), threads_per_target=3)
+    result = eng.save(mixed_state(fake_cuda), "compat").wait()
+    assert result.gds_mode == "compat"
+    assert result.pinned_bytes == eng.pinned_bytes == 6 * 16 << 20  # 3 x 2 threads, 16 MiB
+    assert "num_threads x bounce_buffer_size" in result.extra["pinned_bytes_derived"]
+
+
+def test_release_deregisters_and_lets_the_state_go(make_engine, targets, fake_kvikio, fake_cuda):
+    """The registrations keep views of the state's device memory: release() deregisters them
+    and drops the views, so that a state released is not held while the next one is built;
+    warm() registers the next one."""
+    import gc
+    import weakref
+
+    fake = fake_kvikio()
+    eng = kvikio_engine(make_engine, targets(1))
+    state = mixed_state(fake_cuda)
+    eng.warm(state)
+    assert fake.registered and eng._registered
+    views = [weakref.ref(mem) for mem, _ in eng._registered.values()]
+    eng.release()
+    gc.collect()
+    assert fake.registered == {} and eng._registered == {} and eng._registered_ptrs == {}
+    assert all(v() is None for v in views)
+    eng.warm(state)  # and again, for a save
+    assert fake.registered
+    eng.save(state, "ckpt").wait()
+    assert_round_trip(eng.load("ckpt", device="cuda"), state)

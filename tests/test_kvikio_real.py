@@ -245,3 +245,20 @@ def test_the_fakes_surface_is_the_real_one():
 def test_kvikio_is_known_to_the_registry():
     """With the real package here, gds on a CUDA machine would take kvikio, not a skip."""
     assert engines.unavailable("gds", {"io": "kvikio"}) is None
+
+
+def test_the_compat_reasons_agree_with_kvikios_own_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine names why kvikio prefers compat mode by making kvikio's checks again (its
+    AUTO mode: libcufile loads, /run/udev is a directory, not WSL); held against the real
+    package, the checks find a reason exactly when kvikio prefers compat mode, and turning
+    compat mode ON by kvikio's own variable is named as such."""
+    preferred = kvikio.defaults.is_compat_mode_preferred()
+    assert bool(gds.compat_reasons(kvikio)) == preferred, gds.compat_reasons(kvikio)
+    with kvikio.defaults.set("compat_mode", kvikio.CompatMode.ON):
+        assert kvikio.defaults.is_compat_mode_preferred()
+        assert gds.compat_reasons(kvikio) == [
+            "compat mode is asked for (KVIKIO_COMPAT_MODE=ON or set in kvikio.defaults)"
+        ]
+    if preferred:  # as on this machine (no /run/udev, no libcufile, or both)
+        why = "; ".join(gds.compat_reasons(kvikio))
+        assert gds._global_reason(kvikio) == f"kvikio prefers compat mode: {why}"

@@ -132,10 +132,66 @@ def kvikio_mode(kvikio: Any) -> str:
     return "gds" if _global_reason(kvikio) is None else "compat"
 
 
+# kvikio's own reasons to prefer compat mode (its `defaults::compat_mode()` documentation and
+# `is_cufile_available()`, cpp/src/shim/cufile.cpp and cpp/src/shim/utils.cpp, 26.x): compat mode
+# asked for (KVIKIO_COMPAT_MODE), or in AUTO: libcufile.so.0 does not load, /run/udev is not a
+# directory (a container started without `--volume /run/udev:/run/udev:ro`), or WSL (the kernel
+# release names Microsoft). Python sees only the verdict (`is_compat_mode_preferred`); the
+# checks are made again here, the same way, to name the reason.
+RUN_UDEV = "/run/udev"
+LIBCUFILE = "libcufile.so.0"
+
+
+def _compat_asked(kvikio: Any) -> bool:
+    """kvikio's compat mode is ON (not AUTO): asked for by KVIKIO_COMPAT_MODE or its defaults."""
+    try:
+        mode = kvikio.defaults.get("compat_mode")
+        name = getattr(mode, "name", None) or kvikio.CompatMode(int(mode)).name
+    except Exception:  # an older kvikio: the environment variable says it
+        name = os.environ.get("KVIKIO_COMPAT_MODE", "").upper()
+    return name == "ON"
+
+
+def _libcufile_error() -> str | None:
+    """None if libcufile loads the way kvikio loads it (dlopen of its soname), else why not."""
+    try:
+        ctypes.CDLL(LIBCUFILE)
+    except OSError as e:
+        return " ".join(str(e).split())[:160]
+    return None
+
+
+def _run_udev_readable() -> bool:
+    return os.path.isdir(RUN_UDEV)
+
+
+def _in_wsl() -> bool:
+    return "icrosoft" in os.uname().release
+
+
+def compat_reasons(kvikio: Any) -> list[str]:
+    """Why kvikio prefers compat mode, by its own checks (empty: none of them holds)."""
+    if _compat_asked(kvikio):
+        return ["compat mode is asked for (KVIKIO_COMPAT_MODE=ON or set in kvikio.defaults)"]
+    out = []
+    why = _libcufile_error()
+    if why is not None:
+        out.append(f"{LIBCUFILE} does not load ({why})")
+    if not _run_udev_readable():
+        out.append(
+            f"{RUN_UDEV} is not a readable directory, which cuFile needs (in a container: "
+            "start it with --volume /run/udev:/run/udev:ro)"
+        )
+    if _in_wsl():
+        out.append("running in WSL, where kvikio does not use cuFile")
+    return out
+
+
 def _global_reason(kvikio: Any) -> str | None:
     try:
         if kvikio.defaults.is_compat_mode_preferred():
-            return "kvikio prefers compat mode (cuFile unavailable, or KVIKIO_COMPAT_MODE=ON)"
+            why = "; ".join(compat_reasons(kvikio)) or "none of its own checks says why"
+            return f"kvikio prefers compat mode: {why}"
         if not kvikio.cufile_driver.properties.is_gds_available:
             return "the nvidia-fs driver is not loaded (cuFile can only do POSIX I/O)"
     except Exception as e:  # any failure to tell means we cannot claim GDS
@@ -447,6 +503,7 @@ class Gds(StripedEngine):
         self._cbuf: torch.Tensor | None = None  # the coalescing buffer
         self._cbuf_bytes = 0
         self._cbuf_host: odirect.HostBuffer | None = None  # its memory when on the host
+        self._kvikio_pinned = 0  # kvikio's compat bounce buffers, derived (`_derived_pinned`)
         self._bounce = threading.local()
         self._bounces: list[PinnedBuffer] = []
         self._bounce_lock = threading.Lock()
@@ -685,8 +742,13 @@ class Gds(StripedEngine):
             self._deregister()
 
     def release(self) -> None:
+        """Free what the engine holds between saves: the coalescing buffer, and the cuFile
+        registrations with the views of the state they keep (a state released here must not
+        stay in device memory while the next one is built); `warm()` makes them again."""
         super().release()
         self._free_coalesce_buffer()
+        if self._kvikio is not None:
+            self._deregister()
 
     def close(self) -> None:
         super().close()
@@ -701,7 +763,21 @@ class Gds(StripedEngine):
 
     @property
     def pinned_bytes(self) -> int:
-        return sum(b.nbytes for b in self._bounces)
+        """The emulation's pinned bounce buffers; through kvikio, what its compat path pins,
+        derived from its settings (`kvikio_pinned`), once a save went through it."""
+        return sum(b.nbytes for b in self._bounces) + self._kvikio_pinned
+
+    def _derived_pinned(self) -> int:
+        """kvikio's compat path stages device bytes through pinned bounce buffers, one per task
+        running at once and kept in a pool once made: num_threads x bounce_buffer_size (16 MiB
+        unless KVIKIO_BOUNCE_BUFFER_SIZE says otherwise). Derived from its settings: kvikio
+        does not report what it holds."""
+        defaults = self._kvikio.defaults
+        try:
+            size = int(defaults.get("bounce_buffer_size"))
+        except Exception:  # an older kvikio: its documented default
+            size = 16 << 20
+        return int(defaults.get("num_threads")) * size
 
     # -- save -------------------------------------------------------------------------------
 
@@ -1038,6 +1114,9 @@ class Gds(StripedEngine):
                 f"({settings['gds_threshold']} B) and went through kvikio's POSIX bounce path"
             )
         result.gds_mode, evidence = self._label(reasons, device_bytes, nvfs_before, "write")
+        if result.gds_mode == "compat" and device_bytes:
+            # device bytes went through kvikio's pinned bounce buffers, which its pool keeps
+            self._kvikio_pinned = max(self._kvikio_pinned, self._derived_pinned())
         # cuFile has no fsync of its own: fsync through a plain descriptor of the same file,
         # which flushes the file's data whatever descriptor wrote it.
         for t, n in file_bytes.items():
@@ -1072,6 +1151,11 @@ class Gds(StripedEngine):
             "unregistered_device_bytes": unregistered,
             **({"register_note": self._register_note} if self._register_note else {}),
             "checksum": "wsum64 on the device" if self.options.checksums else "off",
+            **(
+                {"pinned_bytes_derived": "num_threads x bounce_buffer_size (kvikio's settings)"}
+                if self._kvikio_pinned
+                else {}
+            ),
             "gds_evidence": evidence,
             **({"compat_reasons": reasons} if reasons else {}),
         }
@@ -1185,6 +1269,8 @@ class Gds(StripedEngine):
             raise UserError(f"checkpoint {name!r}: kvikio read fewer bytes than its manifest lists")
         device_bytes = sum(m.tensors[i].nbytes for i in out)
         self.restore_mode, evidence = self._label(reasons, device_bytes, nvfs_before, "read")
+        if self.restore_mode == "compat" and device_bytes:
+            self._kvikio_pinned = max(self._kvikio_pinned, self._derived_pinned())
         if checksums and m.checksums:
             for i, buf in out.items():
                 layout.check_entry(self.targets, m, m.tensors[i], buf)
