@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from bench.common import cudasync
 from bench.common.errors import UserError
 
 
@@ -350,6 +351,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # Before anything makes a CUDA context: waits for the GPU sleep rather than spin, so that
+    # what a save costs the host's CPUs is its work (bench.common.cudasync).
+    cudasync.blocking_sync()
     try:
         return args.fn(args)
     except UserError as e:

@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from bench import engines
-from bench.common import devices, sizes
+from bench.common import cudasync, devices, sizes
 from bench.measure import ceiling, clock, env, results
 from bench.measure import timers as measure
 from bench.storage.verify import first_difference, first_tensor_difference
@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--target", default="scratch/peers")
     ap.add_argument("-o", "--output", default="results")
     a = ap.parse_args()
+    sync = cudasync.blocking_sync()  # before any CUDA context
     size = sizes.parse_size(a.size, "--size")
     os.makedirs(a.target, exist_ok=True)
     dev = devices.detect("auto")
@@ -175,6 +176,7 @@ def main() -> int:
         copy_ceilings=copies,
         size_bytes=size,
         stall_clock=clock.STALL_CLOCK,
+        **({"cuda_sync": sync} if dev.is_cuda else {}),
     )
     if has_fio:
         envb["fio_buffers"] = ceiling.fio_env()[1]

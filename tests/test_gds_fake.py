@@ -1071,3 +1071,33 @@ def test_release_deregisters_and_lets_the_state_go(make_engine, targets, fake_kv
     assert fake.registered
     eng.save(state, "ckpt").wait()
     assert_round_trip(eng.load("ckpt", device="cuda"), state)
+
+
+@pytest.mark.parametrize("io", ["kvikio", "emulated"])
+def test_the_writes_wait_for_the_stream_that_made_the_state(
+    make_engine, targets, fake_kvikio, fake_cuda, fake_cudart, monkeypatch, io
+):
+    """kvikio orders its writes after the legacy default stream only: before the first write
+    of device bytes the engine waits for the current stream (a blocking event), where a state
+    produced under torch.cuda.stream(s) was written; the emulation's bounce copies too."""
+    from bench.common.devices import Device
+
+    order: list[str] = []
+    fake = fake_kvikio()
+    monkeypatch.setattr(Device, "wait_current_stream", lambda self: order.append("wait"))
+    real_issue = gds.Gds._write_piece
+
+    def write_piece(self: Any, fd: int, piece: Any) -> None:
+        order.append("write")
+        real_issue(self, fd, piece)
+
+    monkeypatch.setattr(gds.Gds, "_write_piece", write_piece)
+    eng = kvikio_engine(make_engine, targets(2), io=io)
+    state = mixed_state(fake_cuda)
+    result = eng.save(state, "ckpt").wait()
+    writes = len(fake.calls) if io == "kvikio" else order.count("write")
+    assert writes and order[0] == "wait" and order.count("wait") == 1
+    if io == "kvikio":
+        assert "write" not in order and result.gds_mode == "gds"
+    assert_round_trip(eng.load("ckpt"), state)
+    eng.close()  # its pinned bounce buffers, while the fake CUDA runtime is still in place

@@ -29,9 +29,20 @@ class Device:
         return self.kind == "cuda"
 
     def synchronize(self) -> None:
-        """Wait for queued device work (copies) to finish; a no-op on the host."""
+        """Wait for queued device work (copies) to finish; a no-op on the host. The waiting
+        thread sleeps rather than spins where blocking-sync scheduling is in force
+        (bench.common.cudasync)."""
         if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
+
+    def wait_current_stream(self) -> None:
+        """Wait for what is queued on the current stream (the work that produced the state),
+        through an event with cudaEventBlockingSync: waiting on an event without it busy-waits
+        whatever the context's scheduling (CUDA's cudaEventSynchronize). A no-op on the host."""
+        if self.torch_device.type == "cuda":
+            done = torch.cuda.Event(blocking=True)
+            done.record(torch.cuda.current_stream(self.torch_device))
+            done.synchronize()
 
 
 def detect(requested: str = "auto") -> Device:

@@ -833,6 +833,13 @@ class Gds(StripedEngine):
         if any(plan.cuda) and not self.device.is_cuda:
             raise UserError("engine gds: io=emulated on device tensors needs device: cuda")
         dev = [on_device(t) for t in tensors] if self.device.is_cuda else [False] * len(tensors)
+        if any(dev):
+            # kvikio orders its writes after the legacy default stream only (its GDS path
+            # synchronises it, its compat streams wait on it): a state produced on another
+            # stream, as under torch.cuda.stream(s), must be done before the first pwrite, or
+            # stale bytes reach the file while the checksums, which wait for that stream, sum
+            # the new ones. The same for the emulation's bounce copies from writer threads.
+            self.device.wait_current_stream()
         # The other tensors are written from their own memory; a strided one from a copy.
         mems: dict[int, torch.Tensor] = {}
         for i in co.direct:

@@ -765,7 +765,9 @@ class SnapshotEngine(StripedEngine):
             stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
         # `last`: the newest event on the copy stream. Its copies run in order, so a chunk waits
         # for the newest event recorded when it is handed on: the strided copies' event, for a
-        # chunk that holds only bytes of a strided device tensor.
+        # chunk that holds only bytes of a strided device tensor. Blocking events: a writer
+        # thread waiting on one sleeps (cudaEventBlockingSync) where it would otherwise spin a
+        # CPU, which the row's CPU time would count (bench.common.devices.blocking_sync).
         last = None
         for src, off in strided:
             dst = staging[off : off + src.numel() * src.element_size()]
@@ -775,7 +777,7 @@ class SnapshotEngine(StripedEngine):
             else:
                 with torch.cuda.stream(stream):
                     dst.copy_(src, non_blocking=True)
-                    last = torch.cuda.Event()
+                    last = torch.cuda.Event(blocking=True)
                     last.record(stream)
 
         # While the snapshot runs, at most `during` writes are in flight: enough to keep the
@@ -824,7 +826,7 @@ class SnapshotEngine(StripedEngine):
                             staging[a:b].copy_(
                                 srcs[i][a - offsets[i] : b - offsets[i]], non_blocking=True
                             )
-                        event = last = torch.cuda.Event()
+                        event = last = torch.cuda.Event(blocking=True)
                         event.record(stream)
                 if self._copy_pool is not None:
                     copies.append(self._copy_pool.submit(copy_chunk, j, event))

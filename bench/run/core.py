@@ -24,6 +24,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from bench.common import cudasync
 from bench.common.errors import UserError
 from bench.config.sweep import engine_options
 from bench.engines import ENGINES, REGISTRY, create, environment_blocks
@@ -172,6 +173,8 @@ class Core:
             self.run_id, self.run_dir = results.new_run_dir(self.out_root, self.cfg.name)
             envb = env.collect(targets, environment_blocks())
             envb["device"] = {"kind": self.device.kind, "emulated": self.device.emulated}
+            if self.device.is_cuda:  # how its threads wait for the GPU (blocking or spinning)
+                envb["cuda_sync"] = cudasync.blocking_sync()
             # whose clock the stalls are (bench.measure.clock); runs before 0.2.0 lack it
             envb["stall_clock"] = clock.STALL_CLOCK
             envb["config"] = config
