@@ -381,7 +381,9 @@ class Round:
     tensors: list[int]  # the plan's tensor indices
     starts: list[int]  # their offsets in the buffer
     pieces: list[tuple[int, int, int, int]]  # (target, file offset, buffer offset, length)
-    dsts: list[torch.Tensor] = field(default_factory=list)  # typed views of the buffer (bound)
+    # bound: (tensor indices, typed views of the buffer), one batch of device tensors and one
+    # of host tensors (a batched copy takes its tensors from one device)
+    batches: list[tuple[list[int], list[torch.Tensor]]] = field(default_factory=list)
 
 
 class Coalescing:
@@ -415,9 +417,23 @@ class Coalescing:
         mem: Any = host if as_numpy and host is not None else buffer
         self._pieces, self._views = [], []
         for r in self.rounds:
-            r.dsts = [
-                buffer[s : s + entries[i].nbytes].view(plan.dtypes[i]).view(plan.shapes[i])
-                for i, s in zip(r.tensors, r.starts, strict=True)
+            at = dict(zip(r.tensors, r.starts, strict=True))
+
+            def batch(idx: list[int], at: dict[int, int] = at) -> tuple[list[int], list[Any]]:
+                return idx, [
+                    buffer[at[i] : at[i] + entries[i].nbytes]
+                    .view(plan.dtypes[i])
+                    .view(plan.shapes[i])
+                    for i in idx
+                ]
+
+            r.batches = [
+                batch(idx)
+                for idx in (
+                    [i for i in r.tensors if plan.cuda[i]],
+                    [i for i in r.tensors if not plan.cuda[i]],
+                )
+                if idx
             ]
             self._pieces.append([layout.Piece(t, f, mem, at, n) for t, f, at, n in r.pieces])
             if host is not None:
@@ -431,7 +447,7 @@ class Coalescing:
 
     def unbind(self) -> None:
         for r in self.rounds:
-            r.dsts = []
+            r.batches = []
         self._pieces, self._views, self.buffer = [], [], None
 
     def pieces_of(self, k: int) -> list[layout.Piece]:
@@ -920,7 +936,8 @@ class Gds(StripedEngine):
             for k, r in enumerate(co.rounds):
                 if k >= 2:
                     waits[k - 2]()  # this half's last writes are done
-                batch_copy(r.dsts, [tensors[i] for i in r.tensors], cuda)
+                for idx, dsts in r.batches:
+                    batch_copy(dsts, [tensors[i] for i in idx], cuda)
                 if cuda:
                     self._device_sync()
                 waits.append(write_round(co.pieces_of(k)))
