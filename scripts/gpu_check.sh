@@ -6,15 +6,22 @@
 #
 #   OUT=dir bash scripts/gpu_check.sh [ckptbench run options, e.g. --set total_sizes=[8GiB]]
 #
-# It installs the wheels whose distributions python3 lacks into a folder put on PYTHONPATH
-# (`pip install --target`, offline: no venv, since the machine's python3 is itself a venv and a
-# venv made from it would not see its torch), checks that every requirement is met and that
-# kvikio imports, then runs the `gpu` tests (real kvikio on CUDA), configs/gpu-check.yaml (gds
-# through real kvikio and the other paths on a CUDA state, every save restored into CUDA memory
-# and verified) and the table (scripts/gpu_table.py). Each step runs under `timeout`, and the
-# whole check within GPU_CHECK_LIMIT seconds (default 480: inside the device tool's 10-minute
-# command limit, with room to spare). Everything it prints is also kept in $OUT/gpu_check.log,
-# the table in $OUT/gpu_table.txt and the run in $OUT/<run-id>/.
+# It installs into a folder put first on PYTHONPATH (`pip install --target`, offline: no venv,
+# since the machine's python3 is itself a venv and a venv made from it would not see its torch)
+# the wheels whose distributions python3 lacks, and those it holds in a version too old for what
+# the run loads (scripts/gpu_env.py install). It verifies with `pip check` over the base and that
+# folder, the project's requirements, and an import of every module the run imports; a failure
+# on kvikio's side alone does not end the check: it goes on without gds, and the table says why
+# (gpu_env.py verify). Then the `gpu` tests (real kvikio on CUDA), then configs/gpu-check.yaml
+# in stages sized to the time left and the disk found (scripts/gpu_sizing.py: gds and
+# cpu-single first, then the other engines with the ceilings, then the model workload; every
+# save restored into CUDA memory and verified), each stage its own run folder, then the table
+# over them (scripts/gpu_table.py). Each step runs under `timeout`, and the whole check within
+# GPU_CHECK_LIMIT seconds (default 480: inside the device tool's 10-minute command limit, with
+# room to spare); a stage cut short keeps its rows so far. Everything it prints is also kept in
+# $OUT/gpu_check.log, the table in $OUT/gpu_table.txt, the sizing in $OUT/gpu_sizing.json, what
+# failed, was skipped or sized in $OUT/gpu_notes.txt, and the stages in $OUT/<run-id>/.
+# Of the run options, the sizing reads the `--set KEY=VALUE` ones (given as two words).
 # Environment: OUT (default results), PYTHON (default python3), WHEELS (default scripts/wheels),
 # GPU_CHECK_LIMIT, GPU_CHECK_SITE (keep the installed wheels there instead of a temporary folder).
 # `make gpu-rehearsal` runs this check here, without a GPU, the way the GPU machine would.
@@ -39,7 +46,7 @@ step() {
         echo "gpu_check: no time left for '$name' (GPU_CHECK_LIMIT=${LIMIT}s)" >&2
         return 124
     fi
-    echo "== $name (at most ${most}s)"
+    echo "== $name (at most ${most}s)" >&2 # not into a step's own output (the table's file)
     timeout --kill-after=10 "$most" "$@"
 }
 

@@ -4,8 +4,9 @@
 # image's documented packages (scripts/gpu-base.txt, linked from .venv; the gpu-only ones left
 # out), the check offline over that base, on host-emulated, table included. A wheel the check
 # needs and gpu_wheels.sh does not fetch fails here, not on the GPU machine. The target is
-# capped (REHEARSAL_CAP, default 300MB/s; empty: uncapped) and the limit shorter (REHEARSAL_LIMIT, default 150 s):
-# the check's sizing (scripts/gpu_sizing.py) must see the cap and size the state to fit.
+# capped (REHEARSAL_CAP, default 300MB/s; empty: uncapped) and the limit shorter
+# (REHEARSAL_LIMIT, default 150 s): the check's sizing (scripts/gpu_sizing.py) must see the cap
+# and size the state to fit.
 #
 #   bash scripts/gpu_rehearsal.sh [DIR] [ckptbench run options]   # wheels, base and $OUT under DIR
 #

@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from bench.common import devices  # noqa: E402
+from bench.common.errors import UserError  # noqa: E402
 from bench.common.sizes import format_size, parse_size  # noqa: E402
 from bench.config import sweep as config_mod  # noqa: E402
 from bench.engines import REGISTRY  # noqa: E402
@@ -77,6 +78,7 @@ PROBE_S = 3.0  # how long the write probe issues writes
 PROBE_BYTES = 2 << 30  # the most it writes (O_DIRECT)
 BUFFERED_BYTES = 512 << 20  # the most the buffered probe writes
 SAMPLE_BYTES = 64 << 20  # the state, staging and copies the per-byte costs are measured on
+MIN_SCALE = 0.75  # the most the first stage's pace may lower the estimates of the stages left
 
 
 @dataclass(frozen=True)
@@ -505,13 +507,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     start = time.monotonic()
-    cfg = config_mod.load(args.config, args.set)
+    try:
+        cfg = config_mod.load(args.config, args.set)
+    except UserError as e:
+        print(f"gpu_sizing: {e}", file=sys.stderr)
+        return 2
     plan_file = args.out / "gpu_sizing.json"
     if args.first_took is not None:
         doc = json.loads(plan_file.read_text())
         disk = Disk(**doc["disk"])
         first = next(st for st in doc["stages"] if st["name"] == "first")
-        scale = doc["scale"] * args.first_took / max(first["estimate_s"], 1.0)
+        # Slower than estimated counts in full; faster only in part: a small first stage is
+        # mostly fixed costs, which say little about the bytes of the stages left.
+        took = args.first_took / max(first["estimate_s"], 1.0)
+        scale = doc["scale"] * max(took, MIN_SCALE)
         sz = size(
             cfg,
             disk,
