@@ -160,6 +160,7 @@ class Wheel:
 
 
 def wheels_in(folder: Path) -> dict[str, Wheel]:
+    """The wheels of `folder` by distribution name."""
     out = {}
     for p in sorted(folder.glob("*.whl")):
         name, version, _, _ = parse_wheel_filename(p.name)
@@ -185,7 +186,11 @@ def _closure(roots: list[str], wheels: dict[str, Wheel], chosen: dict[str, str])
     return seen
 
 
-def _dist_requires(name: str, wheels: dict[str, Wheel], chosen: dict[str, str]) -> list:
+def _dist_requires(
+    name: str, wheels: dict[str, Wheel], chosen: dict[str, str]
+) -> list[Requirement]:
+    """A distribution's requirements as the run will see it: the chosen wheel's, else the
+    installed version's (none when absent)."""
     if name in chosen:
         return list(wheels[name].requires)
     return _requires(name) if installed(name) is not None else []

@@ -117,6 +117,8 @@ class Disk:
 
 @dataclass
 class Stage:
+    """One `ckptbench run` of the check: its engines and workload, and its `--set` arguments."""
+
     name: str
     engines: list[str]
     workload: str
@@ -126,6 +128,7 @@ class Stage:
 
 
 def _best_s(fn, runs: int = 3) -> float:
+    """The shortest of `runs` calls of `fn`, in seconds."""
     best = float("inf")
     for _ in range(runs):
         t = time.perf_counter()
