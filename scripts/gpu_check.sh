@@ -6,15 +6,22 @@
 #
 #   OUT=dir bash scripts/gpu_check.sh [ckptbench run options, e.g. --set total_sizes=[8GiB]]
 #
-# It installs the wheels whose distributions python3 lacks into a folder put on PYTHONPATH
-# (`pip install --target`, offline: no venv, since the machine's python3 is itself a venv and a
-# venv made from it would not see its torch), checks that every requirement is met and that
-# kvikio imports, then runs the `gpu` tests (real kvikio on CUDA), configs/gpu-check.yaml (gds
-# through real kvikio and the other paths on a CUDA state, every save restored into CUDA memory
-# and verified) and the table (scripts/gpu_table.py). Each step runs under `timeout`, and the
-# whole check within GPU_CHECK_LIMIT seconds (default 480: inside the device tool's 10-minute
-# command limit, with room to spare). Everything it prints is also kept in $OUT/gpu_check.log,
-# the table in $OUT/gpu_table.txt and the run in $OUT/<run-id>/.
+# It installs into a folder put first on PYTHONPATH (`pip install --target`, offline: no venv,
+# since the machine's python3 is itself a venv and a venv made from it would not see its torch)
+# the wheels whose distributions python3 lacks, and those it holds in a version too old for what
+# the run loads (scripts/gpu_env.py install). It verifies with `pip check` over the base and that
+# folder, the project's requirements, and an import of every module the run imports; a failure
+# on kvikio's side alone does not end the check: it goes on without gds, and the table says why
+# (gpu_env.py verify). Then the `gpu` tests (real kvikio on CUDA), then configs/gpu-check.yaml
+# in stages sized to the time left and the disk found (scripts/gpu_sizing.py: gds and
+# cpu-single first, then the other engines with the ceilings, then the model workload; every
+# save restored into CUDA memory and verified), each stage its own run folder, then the table
+# over them (scripts/gpu_table.py). Each step runs under `timeout`, and the whole check within
+# GPU_CHECK_LIMIT seconds (default 480: inside the device tool's 10-minute command limit, with
+# room to spare); a stage cut short keeps its rows so far. Everything it prints is also kept in
+# $OUT/gpu_check.log, the table in $OUT/gpu_table.txt, the sizing in $OUT/gpu_sizing.json, what
+# failed, was skipped or sized in $OUT/gpu_notes.txt, and the stages in $OUT/<run-id>/.
+# Of the run options, the sizing reads the `--set KEY=VALUE` ones (given as two words).
 # Environment: OUT (default results), PYTHON (default python3), WHEELS (default scripts/wheels),
 # GPU_CHECK_LIMIT, GPU_CHECK_SITE (keep the installed wheels there instead of a temporary folder).
 # `make gpu-rehearsal` runs this check here, without a GPU, the way the GPU machine would.
@@ -39,7 +46,7 @@ step() {
         echo "gpu_check: no time left for '$name' (GPU_CHECK_LIMIT=${LIMIT}s)" >&2
         return 124
     fi
-    echo "== $name (at most ${most}s)"
+    echo "== $name (at most ${most}s)" >&2 # not into a step's own output (the table's file)
     timeout --kill-after=10 "$most" "$@"
 }
 
@@ -63,6 +70,14 @@ fi
 
 step "base (scripts/gpu-base.txt)" 60 "$PYTHON" scripts/gpu_env.py have
 
+# What failed and why, one line each, for the table: kvikio, the sizing, stages cut or skipped.
+notes=$OUT_DIR/gpu_notes.txt
+: >"$notes"
+note() {
+    echo "gpu_check: $*"
+    echo "$*" >>"$notes"
+}
+
 if [[ -n ${GPU_CHECK_SITE:-} ]]; then
     site=$GPU_CHECK_SITE
     mkdir -p "$site"
@@ -71,32 +86,89 @@ else
     trap 'rm -rf "$tmp"' EXIT
     site=$tmp/site
 fi
-mapfile -t need < <("$PYTHON" scripts/gpu_env.py missing "$WHEELS")
-echo "== install (offline) into $site: ${need[*]##*/}"
-if ((${#need[@]})); then
-    step install 120 "$PYTHON" -m pip install --disable-pip-version-check --quiet --no-index \
-        --no-deps --no-compile --target "$site" "${need[@]}"
-fi
+# The wheels the base lacks, and those whose distribution it holds too old for what the run
+# loads; kvikio's separately: their failure leaves the CPU paths to run.
+step install 120 "$PYTHON" scripts/gpu_env.py install "$WHEELS" "$site" --notes "$notes"
 export PYTHONPATH=$site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-step verify 60 "$PYTHON" scripts/gpu_env.py verify
+# pip check over the base and $site, the project's requirements, every module the run imports:
+# exit 2 ends the check; 3 is kvikio's side alone, and the check goes on without gds.
+without=()
+verified=0
+step verify 90 "$PYTHON" scripts/gpu_env.py verify --site "$site" --notes "$notes" || verified=$?
+if ((verified == 3)); then
+    without=(--without gds)
+    echo "gpu_check: kvikio failed (above); the CPU paths and the baselines run without gds"
+elif ((verified != 0)); then
+    exit 2
+fi
 echo "setup took $SECONDS s"
 
-rc=0
+rc=$((verified ? 1 : 0))
 step engines 60 "$PYTHON" -m bench engines || rc=1
 # The real-kvikio tests first: short, and they must not be starved by a long run.
 step "the gpu tests" 150 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_gds_fake.py tests/test_engines.py || rc=1
-before=$(ls "$OUT_DIR")
-# The run leaves 30 s for the table.
-left=$((deadline - SECONDS - 30))
-step run "$left" "$PYTHON" -m bench run configs/gpu-check.yaml -q -o "$OUT_DIR" "$@" || rc=1
-run_dir=$(comm -13 <(echo "$before") <(ls "$OUT_DIR") | grep -v '^gpu_' | tail -1 || true)
-if [[ -n $run_dir && -f $OUT_DIR/$run_dir/results.csv ]]; then
-    step table 30 "$PYTHON" scripts/gpu_table.py "$OUT_DIR/$run_dir" |
+
+# The stages, sized to the time left and the disk found (scripts/gpu_sizing.py), most valuable
+# first; the table keeps 30 s. After the first stage the others are sized again, their
+# estimates scaled by how the first compared with its own; a stage whose estimate no longer
+# fits is skipped, and one cut by the limit keeps its rows so far.
+sets=()
+prev=
+for a in "$@"; do
+    if [[ $prev == --set ]]; then sets+=(--set "$a"); fi
+    prev=$a
+done
+sizing() {
+    step "sizing" 60 "$PYTHON" scripts/gpu_sizing.py --seconds "$((deadline - SECONDS - 30))" \
+        --out "$OUT_DIR" "${without[@]}" "${sets[@]}" "$@"
+}
+rm -f "$OUT_DIR/gpu_stages.tsv"
+sizing || { rc=1; note "sizing failed (see gpu_check.log): the config as it is, in one stage"; }
+mapfile -t stages < <(cat "$OUT_DIR/gpu_stages.tsv" 2>/dev/null || printf 'config\t0\t\n')
+runs=()
+while ((${#stages[@]})); do
+    IFS=$'\t' read -r stage est stage_sets <<<"${stages[0]}"
+    stages=("${stages[@]:1}")
+    read -r -a stage_args <<<"$stage_sets"
+    left=$((deadline - SECONDS - 30))
+    if [[ $stage != first ]] && ((est > left)); then
+        note "stage $stage skipped: it needs about ${est} s, ${left} s are left"
+        continue
+    fi
+    args=()
+    for a in "${stage_args[@]}"; do args+=(--set "$a"); done
+    before=$(ls "$OUT_DIR")
+    t0=$SECONDS
+    stage_rc=0
+    step "run: stage $stage" "$left" "$PYTHON" -m bench run configs/gpu-check.yaml -q \
+        -o "$OUT_DIR" "$@" "${args[@]}" </dev/null || stage_rc=$?
+    took=$((SECONDS - t0))
+    echo "gpu_check: stage $stage took $took s (estimated $est s)"
+    run_dir=$(comm -13 <(echo "$before") <(ls "$OUT_DIR") | grep -v '^gpu_' | tail -1 || true)
+    if ((stage_rc == 124 || stage_rc == 137)); then
+        note "stage $stage cut short by the limit after $took s: its rows so far are kept"
+    fi
+    ((stage_rc == 0)) || rc=1
+    if [[ -n $run_dir && -f $OUT_DIR/$run_dir/results.csv ]]; then
+        runs+=("$OUT_DIR/$run_dir")
+    else
+        note "stage $stage left no results.csv"
+    fi
+    if [[ $stage == first ]] && ((${#stages[@]})); then
+        if sizing --first-took "$took"; then
+            mapfile -t stages <"$OUT_DIR/gpu_stages.tsv"
+        else
+            rc=1
+        fi
+    fi
+done
+if ((${#runs[@]})); then
+    step table 30 "$PYTHON" scripts/gpu_table.py --notes "$notes" "${runs[@]}" |
         tee "$OUT_DIR/gpu_table.txt" || rc=1
 else
-    echo "gpu_check: the run left no results.csv: no table" >&2
+    echo "gpu_check: no stage left a results.csv: no table" >&2
     rc=1
 fi
-echo "gpu_check: exit $rc after $SECONDS s; results in $OUT_DIR/$run_dir"
+echo "gpu_check: exit $rc after $SECONDS s; results in ${runs[*]}"
 exit $rc

@@ -2,13 +2,17 @@
 # The GPU check (scripts/gpu_check.sh) run here, without a GPU, the way the GPU machine runs it:
 # wheels fetched by scripts/gpu_wheels.sh for this CPython, a base python holding only the
 # image's documented packages (scripts/gpu-base.txt, linked from .venv; the gpu-only ones left
-# out), the check offline over that base, on host-emulated at a small size, table included.
-# A wheel the check needs and gpu_wheels.sh does not fetch fails here, not on the GPU machine.
+# out), the check offline over that base, on host-emulated, table included. A wheel the check
+# needs and gpu_wheels.sh does not fetch fails here, not on the GPU machine. The target is
+# capped (REHEARSAL_CAP, default 300MB/s; empty: uncapped) and the limit shorter
+# (REHEARSAL_LIMIT, default 150 s): the check's sizing (scripts/gpu_sizing.py) must see the cap
+# and size the state to fit.
 #
-#   bash scripts/gpu_rehearsal.sh [DIR]     # wheels, base and $OUT under DIR (default: a temp dir)
+#   bash scripts/gpu_rehearsal.sh [DIR] [ckptbench run options]   # wheels, base and $OUT under DIR
 #
 # Environment: REHEARSAL_WHEELS (use these wheels instead of fetching them), REHEARSAL_PYTHON
-# (the python whose packages the base links, default .venv/bin/python).
+# (the python whose packages the base links, default .venv/bin/python), REHEARSAL_CAP,
+# REHEARSAL_LIMIT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,10 +26,9 @@ if [[ -z ${REHEARSAL_WHEELS:-} ]]; then
 fi
 rm -rf "$dir/base"
 "$PY" scripts/gpu_env.py base "$dir/base"
-# No GPU here: the state on the host, gds through its emulation (kvikio has no libcuda here),
-# a small state, no ceilings; everything else as on the GPU machine.
-OUT=$dir/out PYTHON=$dir/base/bin/python WHEELS=$wheels bash scripts/gpu_check.sh \
-    --set device=host-emulated --set engine_options.gds.io=auto \
-    --set 'total_sizes=[32MiB]' --set 'tensor_sizes=[8MiB]' --set 'models=[]' \
-    --set repetitions=1 --set warmups=0 --set ceilings.enabled=false
+# No GPU here: the state on the host, gds through its emulation (kvikio has no libcuda here), a
+# capped target; the sizing and everything else as on the GPU machine.
+OUT=$dir/out PYTHON=$dir/base/bin/python WHEELS=$wheels GPU_CHECK_LIMIT=${REHEARSAL_LIMIT:-150} \
+    bash scripts/gpu_check.sh --set device=host-emulated --set engine_options.gds.io=auto \
+    --set "max_write_bw=${REHEARSAL_CAP-300MB/s}" "${@:2}"
 echo "gpu_rehearsal: passed; wheels, base and output in $dir"

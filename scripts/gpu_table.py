@@ -1,11 +1,14 @@
-"""The GPU check's table: one line per workload x engine of a run (medians over the timed
-repetitions), under the env.json block that says what the machine and kvikio/cuFile were.
+"""The GPU check's table: one line per workload x engine of the check's runs (its stages, in
+order; medians over the timed repetitions), under the env.json block that says what the machine
+and kvikio/cuFile were, and the check's notes: what failed and why, what the sizing chose, which
+stage was skipped or cut short, one line each.
 
-    python scripts/gpu_table.py results/<run-id>
+    python scripts/gpu_table.py [--notes FILE] results/<run-id> [results/<run-id> ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -19,6 +22,7 @@ def _gb(b: float) -> str:
 
 
 def env_lines(env: dict) -> list[str]:
+    """What the machine was; `ceilings` from whichever stage measured them."""
     gpu, kv, dev = env.get("gpu", {}), env.get("kvikio", {}), env.get("device", {})
     lines = [
         f"device {dev.get('kind')} (emulated={dev.get('emulated')}); GPU {gpu.get('name')} x"
@@ -31,6 +35,9 @@ def env_lines(env: dict) -> list[str]:
             for t in env.get("storage", {}).get("targets", [])
         ),
     ]
+    sync = env.get("cuda_sync")
+    if isinstance(sync, dict):  # how CUDA waits: blocking-sync or spin
+        lines.append(f"cuda_sync in force: {sync.get('in_force')}")
     c = env.get("ceilings")
     if c:
         per = c["per_ssd_count"].get("1", {})
@@ -90,17 +97,51 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def main(run_dir: str) -> int:
-    run = Path(run_dir)
-    env = json.loads((run / "env.json").read_text())
-    df = pd.read_csv(run / "results.csv", dtype={"error": "string", "io_detail": "string"})
-    print(f"== GPU check: {run.name}")
-    for line in env_lines(env):
+def merged_env(runs: list[Path]) -> dict:
+    """The first run's env.json, with the ceilings of the first run that measured them (the
+    check measures them in its second stage)."""
+    envs = [json.loads((r / "env.json").read_text()) for r in runs if (r / "env.json").exists()]
+    if not envs:
+        return {}
+    env = dict(envs[0])
+    for e in envs:
+        if e.get("ceilings") or e.get("ceilings_error"):
+            env["ceilings"], env["ceilings_error"] = e.get("ceilings"), e.get("ceilings_error")
+            break
+    return env
+
+
+def rows(runs: list[Path]) -> pd.DataFrame:
+    """Every stage's rows, in stage order (a stage cut short may hold none)."""
+    frames = [
+        pd.read_csv(r / "results.csv", dtype={"error": "string", "io_detail": "string"})
+        for r in runs
+        if (r / "results.csv").exists()
+    ]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="the check's run folders, in order")
+    ap.add_argument("--notes", type=Path, help="the check's notes, one line each")
+    args = ap.parse_args(argv)
+    print(f"== GPU check: {', '.join(r.name for r in args.runs)}")
+    for line in env_lines(merged_env(args.runs)):
         print(line)
+    if args.notes and args.notes.exists():
+        for line in args.notes.read_text().splitlines():
+            if line.strip():
+                print(line)
+    df = rows(args.runs)
+    if df.empty:
+        print("no rows")
+        return 1
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(table(df).to_string(index=False))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())
