@@ -953,27 +953,27 @@ class Gds(StripedEngine):
         """O_DIRECT from the tensors' own memory and from the coalescing buffer, as the kvikio
         path writes (the emulation of gds: never GDS numbers)."""
         co, pieces, file_bytes, mems, dev = w.co, w.pieces, w.file_bytes, w.mems, w.dev
-        fds = self._open(job.result, file_bytes)
+        fds = self.writer.open(job.result, file_bytes)
         futures: list[Future] = []
 
         def write_round(round_pieces: list[layout.Piece]) -> Any:
-            fs = [self._pool.submit(self._write_piece, fds[p.target], p) for p in round_pieces]
+            fs = self.writer.submit(fds, round_pieces, self._write_piece)
             futures.extend(fs)
             return lambda: [f.result() for f in fs]
 
         try:
-            futures += [self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces]
+            futures += self.writer.submit(fds, pieces, self._write_piece)
             self._coalesced_rounds(job, co, write_round)
             if self.options.checksums:
                 h0 = time.perf_counter_ns()
                 for i in co.direct:
                     self._hash_one(job, i, mems[i] if dev[i] else mems[i].numpy())
                 job.result.hash_s += (time.perf_counter_ns() - h0) / 1e9
-            self._prepare_manifest(job, file_bytes)  # while the last writes run
+            self.writer.prepare_manifest(job, file_bytes)  # while the last writes run
         except BaseException:
-            self._close(fds, futures)
+            self.writer.close(fds, futures)
             raise
-        self._drain(job, fds, futures, file_bytes)
+        self.writer.drain(job, fds, futures, file_bytes)
 
     def _hash_one(self, job: Job, i: int, view: Any) -> None:
         """Device memory (a tensor here: io=emulated on CUDA) is hashed where it is, by torch
@@ -1021,7 +1021,6 @@ class Gds(StripedEngine):
         fsync, commit the manifest; label the save from what its files did."""
         co, pieces, file_bytes, mems, dev = w.co, w.pieces, w.file_bytes, w.mems, w.dev
         result, entries = job.result, job.plan.entries
-        name = result.name
         settings = self._settings()
         reset = self._ensure_settings()  # a no-op unless someone changed kvikio's settings
         reasons: list[str] = []
@@ -1030,18 +1029,16 @@ class Gds(StripedEngine):
         futures: list[Any] = []  # its future; None once waited for (`written` has its count)
         written: list[int] = []
         issuers: list[Any] = []
-        paths = {t: layout.data_file(self.targets, name, t, result.save_id) for t in file_bytes}
+        paths = self.writer.paths(result, file_bytes)
         device_mem = {id(mems[i]) for i in co.direct if dev[i]}
         if co.buffer is not None and self.device.is_cuda:
             device_mem.add(id(co.buffer))
         lock = threading.Lock()
-        self._prepare(result)
+        self.writer.prepare(result)
         nvfs_before = nvfs_counters()
 
         def issue(p: layout.Piece) -> None:
-            bucket = self._buckets[p.target]
-            if bucket is not None:
-                bucket.take(p.length)
+            self.writer.pace(p.target, p.length)
             buf = kvikio_buffer(p.mem[p.start : p.start + p.length], id(p.mem) in device_mem)
             try:
                 f = files[p.target].pwrite(buf, p.length, p.file_offset)
@@ -1070,21 +1067,20 @@ class Gds(StripedEngine):
         try:
             for t, n in file_bytes.items():
                 files[t] = self._open_cufile(paths[t], "w", reasons)
-                if self.options.fallocate and n:
-                    # Reserve the file's length first, as the other striped engines do.
-                    fd = os.open(paths[t], os.O_WRONLY)
-                    try:
-                        odirect.preallocate(fd, n)
-                    finally:
-                        os.close(fd)
-            if any(b is not None for b in self._buckets):
+                # Reserve the file's length first, as the other striped engines do.
+                fd = os.open(paths[t], os.O_WRONLY)
+                try:
+                    self.writer.reserve(fd, n)
+                finally:
+                    os.close(fd)
+            if any(b is not None for b in self.writer.buckets):
                 # Capped targets: each target's pieces are handed to kvikio no faster than its
                 # cap, from the engine's threads, while this thread coalesces and hashes.
                 order: dict[int, list[layout.Piece]] = {}
                 for p in pieces:
                     order.setdefault(p.target, []).append(p)
                 issuers = [
-                    self._pool.submit(lambda ps: [issue(p) for p in ps], ps)
+                    self.writer.pool.submit(lambda ps: [issue(p) for p in ps], ps)
                     for ps in order.values()
                 ]
             else:
@@ -1095,7 +1091,7 @@ class Gds(StripedEngine):
                 h0 = time.perf_counter_ns()
                 self._hash_kvikio(job, co.direct, mems, dev)
                 result.hash_s += (time.perf_counter_ns() - h0) / 1e9
-            self._prepare_manifest(job, file_bytes)  # while the last writes run
+            self.writer.prepare_manifest(job, file_bytes)  # while the last writes run
             for f in issuers:
                 f.result()
         finally:
@@ -1141,16 +1137,7 @@ class Gds(StripedEngine):
         if result.gds_mode == "compat" and device_bytes:
             # device bytes went through kvikio's pinned bounce buffers, which its pool keeps
             self._kvikio_pinned = max(self._kvikio_pinned, self._derived_pinned())
-        # cuFile has no fsync of its own: fsync through a plain descriptor of the same file,
-        # which flushes the file's data whatever descriptor wrote it.
-        for t, n in file_bytes.items():
-            fd = os.open(paths[t], os.O_WRONLY)
-            try:
-                if os.fstat(fd).st_size != n:
-                    os.ftruncate(fd, n)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        self.writer.finish(paths, file_bytes)  # cuFile has no fsync of its own
         written_from = [mems[i] for i in co.direct if dev[i] and mems[i].numel()]
         if co.buffer is not None and self.device.is_cuda:
             written_from.append(co.buffer)
@@ -1183,7 +1170,7 @@ class Gds(StripedEngine):
             "gds_evidence": evidence,
             **({"compat_reasons": reasons} if reasons else {}),
         }
-        self._commit(job, file_bytes)
+        self.writer.commit(job, file_bytes)
 
     def _device_sync(self) -> None:
         self.device.synchronize()
@@ -1192,7 +1179,7 @@ class Gds(StripedEngine):
 
     def _write_piece(self, fd: int, piece: layout.Piece) -> None:
         if not isinstance(piece.mem, torch.Tensor):
-            super()._write_piece(fd, piece)
+            self.writer.write(fd, piece)
             return
         # Device memory (io=emulated on CUDA): copy the piece into this thread's pinned bounce
         # buffer at the file offset's misalignment and write whole blocks (the layout gives
@@ -1206,9 +1193,7 @@ class Gds(StripedEngine):
         arr[mis + piece.length : span] = 0
         dst = torch.from_numpy(arr[mis : mis + piece.length])
         dst.copy_(piece.mem[piece.start : piece.start + piece.length])
-        bucket = self._buckets[piece.target]
-        if bucket is not None:
-            bucket.take(piece.length)
+        self.writer.pace(piece.target, piece.length)
         odirect.pwrite_all(fd, memoryview(arr[:span]), piece.file_offset - mis)
 
     def _bounce_buffer(self, span: int) -> PinnedBuffer:
