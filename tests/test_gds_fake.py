@@ -53,7 +53,7 @@ def fake_kvikio(monkeypatch, tmp_path, fake_cuda) -> Iterator[Callable[..., Fake
         kw.setdefault("allocation_of", fake_cuda.allocation_of)
         kw.setdefault("nvfs_stats", str(tmp_path / f"nvidia-fs-stats-{len(made)}"))
         fake = FakeKvikio(**kw).install(monkeypatch)
-        monkeypatch.setattr(gds, "NVFS_STATS", kw["nvfs_stats"] or str(tmp_path / "absent"))
+        monkeypatch.setattr(gds.labels, "NVFS_STATS", kw["nvfs_stats"] or str(tmp_path / "absent"))
         made.append(fake)
         return fake
 
@@ -424,7 +424,7 @@ def test_without_nvidia_fs_counters_the_filesystem_list_decides(
     such saves are not called gds, and the row says what decided."""
     fake_kvikio(allow_compat_mode=allow, nvfs_stats=None)
     monkeypatch.setattr(
-        gds, "native_gds_reason", lambda info: f"{info['path']} is on a virtio disk"
+        gds.labels, "native_gds_reason", lambda info: f"{info['path']} is on a virtio disk"
     )
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
@@ -433,7 +433,7 @@ def test_without_nvidia_fs_counters_the_filesystem_list_decides(
     if allow:
         assert "is on a virtio disk" in result.extra["compat_reasons"][0]
     # Where GDS serves the target natively, the list has nothing to say.
-    monkeypatch.setattr(gds, "native_gds_reason", lambda info: None)
+    monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: None)
     eng2 = kvikio_engine(make_engine, targets(1))
     assert eng2.save(mixed_state(fake_cuda), "ckpt").wait().gds_mode == "gds"
 
@@ -444,7 +444,7 @@ def test_nvidia_fs_counters_overrule_the_filesystem_list(
     """Where nvidia-fs counts bytes, its counters decide: all device bytes counted -> gds,
     whatever the list says of the filesystem."""
     fake_kvikio()
-    monkeypatch.setattr(gds, "native_gds_reason", lambda info: "never asked")
+    monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: "never asked")
     eng = kvikio_engine(make_engine, targets(2))
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
@@ -476,7 +476,7 @@ def test_nvidia_fs_without_io_statistics_falls_back_to_the_list(
     make_engine, targets, fake_kvikio, fake_cuda, monkeypatch
 ):
     fake_kvikio(nvfs_io_stats=False)
-    monkeypatch.setattr(gds, "native_gds_reason", lambda info: None)
+    monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: None)
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "gds"
@@ -664,7 +664,7 @@ def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypa
     def must_not_be_called() -> Any:
         raise AssertionError("io=auto on the host must not use kvikio")
 
-    monkeypatch.setattr(gds, "import_kvikio", must_not_be_called)
+    monkeypatch.setattr(gds.kvikio_lib, "import_kvikio", must_not_be_called)
     eng = make_engine("gds", targets(1), io="auto", device="host-emulated")
     state = sample_state()
     assert eng.save(state, "ckpt").wait().gds_mode == "emulated"
@@ -1046,7 +1046,7 @@ def test_compat_names_the_check_of_kvikios_that_failed(
     fake_kvikio(cufile_loads=False)
     healthy = {"_libcufile_error": lambda: None, "_run_udev_readable": lambda: True}
     for name, fn in {**healthy, "_in_wsl": lambda: False, **machine}.items():
-        monkeypatch.setattr(gds, name, fn)
+        monkeypatch.setattr(gds.kvikio_lib, name, fn)
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "compat"
