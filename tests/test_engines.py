@@ -28,6 +28,7 @@ from conftest import STRIPED_ENGINES
 
 from bench.engines.base import SaveResult
 from bench.engines.gds import coalesce_window
+from bench.measure.detail import DcpDetail
 
 STRIPED = STRIPED_ENGINES
 SNAPSHOT = ("cpu-single", "cpu-double")
@@ -207,8 +208,8 @@ def check_result(result: Any, eng: Any, state: Any, name: str, dirs: list[str]) 
         assert result.copied_tensors == sum(
             not t.is_contiguous() for n, t in sizes if not 0 < n < below
         )
-        assert result.extra["coalesced_tensors"] == len(small)
-        assert result.extra["coalesced_bytes"] == sum(t.numel() * t.element_size() for t in small)
+        assert result.detail.coalesced_tensors == len(small)
+        assert result.detail.coalesced_bytes == sum(t.numel() * t.element_size() for t in small)
         del non_contiguous
     else:
         # The other engines say they have no GDS mode, with SaveResult's default.
@@ -447,7 +448,7 @@ def test_overlapped_and_serial_snapshots_round_trip(make_engine, targets, engine
     for t in [state["big"], base, *state["small"], state["tail"]]:
         t.zero_()
     result = pending.wait()
-    assert result.extra["overlap"] is overlap
+    assert result.detail.overlap is overlap
     assert_same(eng.load("ckpt"), want)
 
 
@@ -464,7 +465,7 @@ def test_overlap_waits_for_a_strided_device_copy(make_engine, targets, engine):
     eng = make_engine(engine, targets(2), device="cuda", overlap=True, chunk_bytes="1MiB")
     for k in range(2):  # the second save into staging that holds the first one's bytes
         result = eng.save(state, f"ckpt{k}").wait()
-        assert result.extra["overlap"] is True
+        assert result.detail.overlap is True
         assert_same(eng.load(f"ckpt{k}"), want)
         base.add_(1)
         want["transposed"] = base.t().cpu().clone()
@@ -749,10 +750,10 @@ def test_dcp_options_round_trip(make_engine, targets, options):
             t.zero_()
         result = pending.wait()
         check_baseline_result(result, want, "ckpt")
-        assert result.extra == {
-            "staging": options.get("staging", "cached"),
-            "checkpointer": options.get("checkpointer", "thread"),
-        }
+        assert result.detail == DcpDetail(
+            staging=options.get("staging", "cached"),
+            checkpointer=options.get("checkpointer", "thread"),
+        )
         # plain staging keeps no copy of the state; cached keeps one of every tensor byte
         assert eng.pinned_bytes == (0 if options.get("staging") == "plain" else payload(want))
         check_baseline_files(dirs, "ckpt", result)

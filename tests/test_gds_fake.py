@@ -151,13 +151,13 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
     result = pending.wait()
     assert_round_trip(eng.load("ckpt"), state)
 
-    assert result.gds_mode == "gds", result.extra
+    assert result.gds_mode == "gds", result.detail
     assert result.copied_tensors == 1
     assert result.bytes == sum(t.numel() * t.element_size() for t in state.values())
     assert result.targets_used == 3
     assert result.stall_s <= result.total_s
-    assert result.extra["host_bytes"] == 4  # the step scalar
-    assert result.extra["device_bytes"] == result.bytes - 4
+    assert result.detail.host_bytes == 4  # the step scalar
+    assert result.detail.device_bytes == result.bytes - 4
 
     m = read_manifest(dirs)
     data = data_files(dirs, m)
@@ -170,7 +170,7 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
     assert len(fake.calls) > len(state)  # chunks really split the tensors
     # Device bytes went over GDS, the host scalar through kvikio's POSIX path.
     assert fake.routes() == {"gds": result.bytes - 4, "posix": 4}
-    assert result.extra["gds_evidence"].startswith("nvidia-fs counted")
+    assert result.detail.gds_evidence.startswith("nvidia-fs counted")
     for t, path in data.items():
         assert os.path.getsize(path) == m["files"][str(t)]["bytes"]
 
@@ -215,12 +215,12 @@ def test_kvikio_thread_pool_is_sized_once_per_engine_and_given_back(
     eng.load("ckpt", device="cuda")
     assert fake.pool_resets == 1  # not inside any save or restore
     assert fake.calls and {(c.num_threads, c.task_size) for c in fake.calls} == {(12, 64 << 10)}
-    assert (result.extra["num_threads"], result.extra["task_size"]) == (12, 64 << 10)
-    assert "settings_reset_in_save" not in result.extra
+    assert (result.detail.num_threads, result.detail.task_size) == (12, 64 << 10)
+    assert result.detail.settings_reset_in_save is None
     # Someone else changes kvikio's settings: the next save sets them again and says so.
     fake.modules["kvikio.defaults"].set("num_threads", 3)
     again = eng.save(state, "ckpt").wait()
-    assert again.extra["settings_reset_in_save"] is True and fake.values["num_threads"] == 12
+    assert again.detail.settings_reset_in_save is True and fake.values["num_threads"] == 12
     eng.close()
     # kvikio's own values again, as the engine found them
     assert (fake.values["num_threads"], fake.values["task_size"]) == (1, 4 << 20)
@@ -347,7 +347,7 @@ def test_a_file_cufile_cannot_take_makes_the_save_compat(
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
-    (reason,) = result.extra["compat_reasons"]
+    (reason,) = result.detail.compat_reasons
     assert "cuFile could not take" in reason and dirs[1] in reason
     assert_round_trip(eng.load("ckpt"), state)
     # The other two files did go over GDS; the fallback file went through POSIX.
@@ -385,7 +385,7 @@ def test_no_gds_on_the_machine_is_compat(make_engine, targets, fake_kvikio, fake
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
-    assert any(why in r for r in result.extra["compat_reasons"])
+    assert any(why in r for r in result.detail.compat_reasons)
     assert_round_trip(eng.load("ckpt", device="cuda"), state)
     assert eng.restore_mode == "compat"
 
@@ -396,7 +396,7 @@ def test_gds_mode_is_compat_when_kvikio_cannot_tell(make_engine, targets, fake_k
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "a").wait()
     assert result.gds_mode == "compat"
-    assert "cannot tell" in result.extra["compat_reasons"][0]
+    assert "cannot tell" in result.detail.compat_reasons[0]
 
 
 def test_small_device_pieces_under_gds_threshold_are_compat(
@@ -406,7 +406,7 @@ def test_small_device_pieces_under_gds_threshold_are_compat(
     eng = kvikio_engine(make_engine, targets(1), gds_threshold="16KiB", chunk_bytes="64KiB")
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "compat"
-    assert any("gds_threshold" in r for r in result.extra["compat_reasons"])
+    assert any("gds_threshold" in r for r in result.detail.compat_reasons)
     assert "posix" in {c.route for c in fake.calls if c.memory == "device"}
     # With the default threshold of 0 every device byte goes to cuFile.
     fake.calls.clear()
@@ -429,9 +429,9 @@ def test_without_nvidia_fs_counters_the_filesystem_list_decides(
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == ("compat" if allow else "gds")
-    assert result.extra["gds_evidence"] == "filesystem list: no nvidia-fs statistics"
+    assert result.detail.gds_evidence == "filesystem list: no nvidia-fs statistics"
     if allow:
-        assert "is on a virtio disk" in result.extra["compat_reasons"][0]
+        assert "is on a virtio disk" in result.detail.compat_reasons[0]
     # Where GDS serves the target natively, the list has nothing to say.
     monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: None)
     eng2 = kvikio_engine(make_engine, targets(1))
@@ -448,8 +448,8 @@ def test_nvidia_fs_counters_overrule_the_filesystem_list(
     eng = kvikio_engine(make_engine, targets(2))
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
-    assert result.gds_mode == "gds", result.extra
-    assert "compat_reasons" not in result.extra
+    assert result.gds_mode == "gds", result.detail
+    assert result.detail.compat_reasons is None
     eng.load("ckpt", device="cuda")
     assert eng.restore_mode == "gds"
     assert eng.restore_detail["gds_evidence"].startswith("nvidia-fs counted")
@@ -467,7 +467,7 @@ def test_bytes_cufile_served_through_posix_make_the_save_compat(
     big = fake_cuda.to_device({"a": torch.randn(1 << 20), "b": torch.randn(1 << 20)})
     result = eng.save(big, "ckpt").wait()
     assert result.gds_mode == "compat"
-    (why,) = result.extra["compat_reasons"]
+    (why,) = result.detail.compat_reasons
     assert re.match(r"nvidia-fs counted 4 MiB in \d+ writes GPU-direct of 8 MiB", why), why
     assert fake.routes() == {"gds": 4 << 20, "cufile-compat": 4 << 20}
 
@@ -480,7 +480,7 @@ def test_nvidia_fs_without_io_statistics_falls_back_to_the_list(
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "gds"
-    assert "IO statistics are off" in result.extra["gds_evidence"]
+    assert "IO statistics are off" in result.detail.gds_evidence
 
 
 @pytest.mark.parametrize(
@@ -541,7 +541,7 @@ def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kv
     state = sample_state()
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
-    assert "no tensor was in device memory" in result.extra["compat_reasons"][0]
+    assert "no tensor was in device memory" in result.detail.compat_reasons[0]
     assert_round_trip(eng.load("ckpt"), state)
 
 
@@ -562,9 +562,9 @@ def test_device_memory_is_registered_once_per_allocation_and_released(
     assert fake.registered == dict(segments)
     assert fake.register_calls == 2
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["registered_bytes"] == sum(size for _, size in segments)
-    assert result.extra["unregistered_device_bytes"] == state["wt"].numel() * 4  # copied first
-    assert "register_note" not in result.extra
+    assert result.detail.registered_bytes == sum(size for _, size in segments)
+    assert result.detail.unregistered_device_bytes == state["wt"].numel() * 4  # copied first
+    assert result.detail.register_note is None
     eng.close()
     assert fake.registered == {}
 
@@ -582,13 +582,13 @@ def test_a_failed_registration_is_said_and_the_rest_still_registered(
     big = fake_cuda.allocation_of(state["big"].data_ptr())
     assert fake.registered == dict([small, big])
     result = eng.save(state, "ckpt").wait()
-    note = result.extra["register_note"]
+    note = result.detail.register_note
     assert note.startswith("3 tensors not registered (['w']: RuntimeError: ")
     assert "CU_FILE_MEMORY_ALREADY_REGISTERED" in note
-    assert result.extra["registered_bytes"] == big[1]
+    assert result.detail.registered_bytes == big[1]
     unregistered = sum(state[k].numel() * state[k].element_size() for k in ("w", "wt", "half"))
     unregistered += state["offset_view"].numel() * 8
-    assert result.extra["unregistered_device_bytes"] == unregistered
+    assert result.detail.unregistered_device_bytes == unregistered
     eng.close()
     assert fake.registered == dict([small])  # only what the engine registered is released
 
@@ -600,8 +600,8 @@ def test_no_registration_in_compat_mode(make_engine, targets, fake_kvikio, fake_
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
     assert fake.register_calls == 0
-    assert result.extra["registered_bytes"] == 0
-    assert "compat mode" in result.extra["register_note"]
+    assert result.detail.registered_bytes == 0
+    assert "compat mode" in result.detail.register_note
 
 
 def test_the_fake_is_a_package_whose_submodules_must_be_imported(fake_kvikio):
@@ -812,7 +812,7 @@ def test_fallocate_and_write_caps_apply_through_kvikio(
             assert ("take", n) in events[:i]
     # 4 MiB over two targets capped at 4 MiB/s each, one 256 KiB burst each: at least 0.44 s.
     assert elapsed >= (2 << 20) / rate - (256 << 10) / rate - 0.02
-    assert result.extra["gds_evidence"].startswith("nvidia-fs counted")
+    assert result.detail.gds_evidence.startswith("nvidia-fs counted")
     assert_round_trip(eng.load("ckpt"), state)
 
 
@@ -867,15 +867,15 @@ def test_real_kvikio_on_cuda(make_engine, targets):
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
     if gds.kvikio_mode(kvikio) == "compat" or result.gds_mode == "compat":
-        assert result.gds_mode == "compat" and result.extra["compat_reasons"]
+        assert result.gds_mode == "compat" and result.detail.compat_reasons
     else:
-        assert result.gds_mode == "gds" and "compat_reasons" not in result.extra
+        assert result.gds_mode == "gds" and result.detail.compat_reasons is None
         # Registered once per CUDA allocation: only the copied transposed tensor is not.
-        assert result.extra["unregistered_device_bytes"] == 40 * 70 * 4, result.extra
-        assert result.extra["registered_bytes"] > 0
-    assert result.extra["num_threads"] == 4
+        assert result.detail.unregistered_device_bytes == 40 * 70 * 4, result.detail
+        assert result.detail.registered_bytes > 0
+    assert result.detail.num_threads == 4
     assert result.copied_tensors == 1
-    assert result.extra["host_bytes"] == 4
+    assert result.detail.host_bytes == 4
     assert eng._hash_stream is not None  # the checksums ran on a side stream
     loaded = eng.load("ckpt", device="cuda")
     assert eng.restore_mode in ("gds", "compat") and eng.restore_detail["gds_evidence"]
@@ -910,10 +910,10 @@ def test_real_kvikio_on_cuda_coalesces_small_tensors(make_engine, targets):
     eng = make_engine("gds", dirs, io="kvikio", device="cuda", chunk_bytes="1MiB")
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["coalesced_tensors"] == 2002 and result.copied_tensors == 0
-    assert result.extra["host_bytes"] == 0  # the step went through the device buffer
+    assert result.detail.coalesced_tensors == 2002 and result.copied_tensors == 0
+    assert result.detail.host_bytes == 0  # the step went through the device buffer
     if gds.kvikio_mode(kvikio) == "gds" and result.gds_mode == "gds":
-        assert result.extra["unregistered_device_bytes"] == 0, result.extra
+        assert result.detail.unregistered_device_bytes == 0, result.detail
     assert_round_trip(eng.load("ckpt", device="cuda"), state)
     assert_round_trip(eng.load("ckpt", device="cpu"), state)
     eng.close()
@@ -988,12 +988,10 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     assert_round_trip(eng.load("ckpt", device="cuda"), state)
 
     small = [k for k, t in state.items() if 0 < t.numel() * t.element_size() < 64 << 10]
-    detail = result.extra
-    assert detail["coalesced_tensors"] == len(small) == 302  # the 300, `wide` and `step`
-    assert detail["coalesced_bytes"] == sum(
-        state[k].numel() * state[k].element_size() for k in small
-    )
-    assert detail["coalesce_rounds"] >= 3  # both halves of the buffer, one of them twice
+    detail = result.detail
+    assert detail.coalesced_tensors == len(small) == 302  # the 300, `wide` and `step`
+    assert detail.coalesced_bytes == sum(state[k].numel() * state[k].element_size() for k in small)
+    assert detail.coalesce_rounds >= 3  # both halves of the buffer, one of them twice
     assert result.copied_tensors == 0  # the strided one went into the buffer by a strided copy
     # Every write is a chunk of the buffer or a piece of `big`: far fewer than the tensors,
     # and all from device memory (the host `step` went into the buffer too).
@@ -1002,7 +1000,7 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     assert {c.memory for c in writes} == {"device"}
     assert max(c.size for c in writes) <= 16 << 10
     # The buffer was registered with the state's device memory, and the writes say so.
-    assert detail["registered_bytes"] >= buf.numel() and detail["unregistered_device_bytes"] == 0
+    assert detail.registered_bytes >= buf.numel() and detail.unregistered_device_bytes == 0
     # wsum64 from the buffer, one digest per tensor, as if each were hashed alone.
     m = read_manifest(dirs)
     by_path = {e["path"]: e for e in m["tensors"]}
@@ -1019,7 +1017,7 @@ def test_coalescing_off_writes_each_tensor_from_its_memory(
     eng = kvikio_engine(make_engine, targets(2), coalesce_below=0)
     state = many_small_state(fake_cuda, n=40)
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["coalesced_tensors"] == 0
+    assert result.detail.coalesced_tensors == 0
     assert len(fake.calls) >= 40 + 1  # one write at least per tensor with bytes
     assert_round_trip(eng.load("ckpt", device="cuda"), state)
 
@@ -1050,7 +1048,7 @@ def test_compat_names_the_check_of_kvikios_that_failed(
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "compat"
-    (why,) = [r for r in result.extra["compat_reasons"] if r.startswith("kvikio prefers")]
+    (why,) = [r for r in result.detail.compat_reasons if r.startswith("kvikio prefers")]
     assert named in why and why.count(";") == 0  # that check, and only that one
 
 
@@ -1078,7 +1076,7 @@ def test_a_compat_save_counts_kvikios_pinned_bounce_buffers(
     result = eng.save(mixed_state(fake_cuda), "compat").wait()
     assert result.gds_mode == "compat"
     assert result.pinned_bytes == eng.pinned_bytes == 6 * 16 << 20  # 3 x 2 threads, 16 MiB
-    assert "num_threads x bounce_buffer_size" in result.extra["pinned_bytes_derived"]
+    assert "num_threads x bounce_buffer_size" in result.detail.pinned_bytes_derived
 
 
 def test_release_deregisters_and_lets_the_state_go(make_engine, targets, fake_kvikio, fake_cuda):

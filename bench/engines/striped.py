@@ -41,6 +41,7 @@ from bench.engines.base import (
     check_targets,
 )
 from bench.engines.stripes import Job, StripeWriter
+from bench.measure.detail import SnapshotDetail
 from bench.storage import checksums, generations, layout, manifest, odirect
 from bench.storage.plan import SavePlan, walk
 from bench.storage.staging import COPY_PIECE, Staging, copy_tasks, run_copies
@@ -586,11 +587,11 @@ class SnapshotEngine(StripedEngine):
                 f()
         self.device.synchronize()
         result.pinned_bytes = self.staging.pinned_bytes
-        result.extra = {
-            "overlap": False,
-            "copy_s": (_now() - c0) / 1e9,
+        result.detail = SnapshotDetail(
+            copy_s=(_now() - c0) / 1e9,
+            overlap=False,
             **(self.staging.describe() if self.device.is_cuda else {}),
-        }
+        )
         self._in_background(pending, lambda: self._persist(job, pk.pieces, pk.file_bytes, pk.views))
 
     def _save_overlapped(self, pending: PendingSave, job: Job, pk: Packing) -> None:
@@ -705,11 +706,11 @@ class SnapshotEngine(StripedEngine):
             raise
         result.pinned_bytes = self.staging.pinned_bytes
         copying.clear()
-        result.extra = {
-            "overlap": True,
-            "copy_s": (_now() - c0) / 1e9,
+        result.detail = SnapshotDetail(
+            copy_s=(_now() - c0) / 1e9,
+            overlap=True,
             **(self.staging.describe() if self.device.is_cuda else {}),
-        }
+        )
         futures = [f for f in writes if f is not None]
         self._in_background(
             pending,
@@ -776,9 +777,9 @@ class SnapshotEngine(StripedEngine):
             job.xxh3[:] = [h.hexdigest() for h in hashers]
         result.hash_s = hash_ns / 1e9
         result.pinned_bytes = self.staging.pinned_bytes
-        result.extra = {
-            "copy_s": (_now() - c0) / 1e9,  # with the writes of all but the last K chunks
+        result.detail = SnapshotDetail(
+            copy_s=(_now() - c0) / 1e9,  # with the writes of all but the last K chunks
             **(self.staging.describe() if self.device.is_cuda else {}),
-        }
+        )
         futures = [f for f in slots if f is not None]
         self._in_background(pending, lambda: self.writer.drain(job, fds, futures, file_bytes))

@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from bench.engines import REGISTRY
-from bench.measure import clock, hostcost, results
+from bench.measure import clock, detail, hostcost, results
 from bench.measure import efficiency as judge
 from bench.measure import timers as measure
 from bench.measure.efficiency import beaten
@@ -159,7 +159,7 @@ def save_phase(
         staging_grew=res.staging_grew,
         copied_tensors=res.copied_tensors,
         **dataclasses.asdict(sample),
-        io_detail=json.dumps(res.extra, sort_keys=True) if res.extra else "",
+        io_detail=detail.dumps(res.detail),
     )
     row.update(cost.columns())  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
     row["write_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from bench.engines.stripes import Job
+from bench.measure.detail import GdsDetail
 from bench.storage import checksums, layout
 from bench.storage.plan import SavePlan
 
@@ -116,13 +117,11 @@ class Coalescing:
         for i, (s1, s2), n in zip(r.tensors, sums, sizes, strict=True):
             job.wsum64[i] = checksums.wsum64_digest(s1, s2, n)
 
-    def describe(self) -> dict[str, Any]:
-        """For the row's io_detail: what was coalesced."""
-        return {
-            "coalesced_tensors": sum(len(r.tensors) for r in self.rounds),
-            "coalesced_bytes": self.nbytes,
-            "coalesce_rounds": len(self.rounds),
-        }
+    def describe(self, detail: GdsDetail) -> None:
+        """Into the save's detail (the row's io_detail): what was coalesced."""
+        detail.coalesced_tensors = sum(len(r.tensors) for r in self.rounds)
+        detail.coalesced_bytes = self.nbytes
+        detail.coalesce_rounds = len(self.rounds)
 
 
 @dataclass

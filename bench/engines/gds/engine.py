@@ -27,6 +27,7 @@ from bench.engines.gds import (
 )
 from bench.engines.striped import StripedEngine, batch_copy
 from bench.engines.stripes import Job
+from bench.measure.detail import GdsDetail
 from bench.storage import checksums, layout, odirect
 from bench.storage.plan import SavePlan
 from bench.storage.staging import PinnedBuffer
@@ -277,13 +278,14 @@ class Gds(StripedEngine):
             )
         if self.io == "emulated":
             self._persist_emulated(job, coalesce.Writes(co, pieces, file_bytes, mems, dev))
-            result.extra = {
-                "io": "emulated",
-                "device_bytes": sum(entries[i].nbytes for i, d in enumerate(dev) if d),
-            }
+            result.detail = GdsDetail(
+                io="emulated",
+                device_bytes=sum(entries[i].nbytes for i, d in enumerate(dev) if d),
+            )
         else:
             self._persist_kvikio(job, coalesce.Writes(co, pieces, file_bytes, mems, dev))
-        result.extra.update(co.describe())
+        assert isinstance(result.detail, GdsDetail)
+        co.describe(result.detail)
         result.pinned_bytes = self.pinned_bytes
         # Training may touch the tensors only once save() returns: the stall is the whole
         # durable write.

@@ -19,6 +19,7 @@ from bench.engines.base import check_name
 from bench.engines.gds import coalesce, cuda, kvikio_lib, labels
 from bench.engines.striped import StripedEngine, check_into
 from bench.engines.stripes import Job
+from bench.measure.detail import GdsDetail
 from bench.storage import checksums, generations, layout
 from bench.storage.tree import flatten, unflatten
 
@@ -202,27 +203,25 @@ def write(self: Any, job: Job, w: coalesce.Writes) -> None:
         if m.data_ptr() in self._registered_ptrs
     }
     unregistered = sum(m.numel() for m in written_from if m.data_ptr() not in self._registered_ptrs)
-    result.extra = {
-        "io": "kvikio",
-        "kvikio": getattr(self._kvikio, "__version__", None),
+    result.detail = GdsDetail(
+        io="kvikio",
+        kvikio=getattr(self._kvikio, "__version__", None),
         **settings,
-        **({"settings_reset_in_save": True} if reset else {}),
-        "compat_mode": "OFF (fallback ON per file)" if self.options.allow_compat else "OFF",
-        "files": len(file_bytes),
-        "device_bytes": device_bytes,
-        "host_bytes": sum(entries[i].nbytes for i in co.direct if not dev[i]),
-        "registered_bytes": sum(self._registered[b][1] for b in registered),
-        "unregistered_device_bytes": unregistered,
-        **({"register_note": self._register_note} if self._register_note else {}),
-        "checksum": "wsum64 on the device" if self.options.checksums else "off",
-        **(
-            {"pinned_bytes_derived": "num_threads x bounce_buffer_size (kvikio's settings)"}
-            if self._kvikio_pinned
-            else {}
+        settings_reset_in_save=True if reset else None,
+        compat_mode="OFF (fallback ON per file)" if self.options.allow_compat else "OFF",
+        files=len(file_bytes),
+        device_bytes=device_bytes,
+        host_bytes=sum(entries[i].nbytes for i in co.direct if not dev[i]),
+        registered_bytes=sum(self._registered[b][1] for b in registered),
+        unregistered_device_bytes=unregistered,
+        register_note=self._register_note or None,
+        checksum="wsum64 on the device" if self.options.checksums else "off",
+        pinned_bytes_derived=(
+            "num_threads x bounce_buffer_size (kvikio's settings)" if self._kvikio_pinned else None
         ),
-        "gds_evidence": evidence,
-        **({"compat_reasons": reasons} if reasons else {}),
-    }
+        gds_evidence=evidence,
+        compat_reasons=reasons or None,
+    )
     self.writer.commit(job, file_bytes)
 
 
