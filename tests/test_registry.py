@@ -18,8 +18,8 @@ from conftest import ENGINES, REPO
 from bench import cli, engines
 from bench.common import schema
 from bench.common.traits import BUILTIN, Traits
-from bench.engines.base import ENGINE_MEMBERS, Engine
 from bench.engines import options as engine_options
+from bench.engines.base import ENGINE_MEMBERS, Engine
 from bench.measure import results
 from bench.storage.verify import first_difference, first_tensor_difference
 
