@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import STRIPED_ENGINES
+from conftest import STRIPED_ENGINES, bits, read_manifest
 
 from bench.engines.base import SaveResult
 from bench.engines.gds import coalesce_window
@@ -71,11 +71,6 @@ def inside_one_chunk(t: torch.Tensor, chunk: int) -> torch.Tensor:
     out.copy_(t)
     assert out.data_ptr() % chunk == 0
     return out
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes in logical order, as a 1-D uint8 tensor."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 def iter_tensors(obj: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
@@ -129,14 +124,6 @@ def clone_tree(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(clone_tree(v) for v in obj)
     return obj
-
-
-def read_manifest(dirs: list[str], name: str) -> dict[str, Any]:
-    """The manifest as plain JSON (its last key is its own checksum)."""
-    with open(Path(dirs[0]) / name / "manifest.json") as f:
-        m = json.load(f)
-    assert list(m)[-1] == "manifest_xxh3"
-    return m
 
 
 def check_files(dirs: list[str], name: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import assert_same_state, read_manifest
 from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
 from bench.common.devices import Device
@@ -33,13 +34,6 @@ from bench.measure import ceiling
 from bench.storage import checksums, odirect, pacing, staging
 
 FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch) -> FakeCuda:
-    """Fake device memory, seen as CUDA memory by the gds engine's seam functions; engines
-    asking for device=cuda get a Device of kind cuda whose memory is the fake's."""
-    return FakeCuda().install(monkeypatch)
 
 
 @pytest.fixture
@@ -96,10 +90,6 @@ def fake_cudart(monkeypatch) -> FakeCudart:
     return rt
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-
 def sample_state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     flat = torch.randint(-(2**40), 2**40, (6000,), generator=g)
@@ -116,18 +106,6 @@ def sample_state() -> dict[str, torch.Tensor]:
 def mixed_state(cuda: FakeCuda) -> dict[str, torch.Tensor]:
     """The sample state in fake device memory, but for `step`, which stays on the host."""
     return cuda.to_device(sample_state(), keep_on_host=("step",))
-
-
-def assert_round_trip(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert torch.equal(bits(got[k]), bits(want[k])), k
-
-
-def read_manifest(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
-    with open(Path(dirs[0]) / name / "manifest.json") as f:
-        return json.load(f)
 
 
 def kvikio_engine(make_engine: Any, dirs: list[str], **opts: Any) -> Any:
@@ -149,7 +127,7 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
     pending = eng.save(state, "ckpt")
     assert pending.done()  # the stall lasts until durable
     result = pending.wait()
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
     assert result.gds_mode == "gds", result.detail
     assert result.copied_tensors == 1
@@ -188,7 +166,7 @@ def test_host_tensors_are_handed_to_kvikio_as_host_buffers(
     state = mixed_state(fake_cuda)
     state["opt"] = {"step": torch.tensor(1000.0), "lr": 3e-4}
     eng.save(state, "ckpt").wait()
-    assert_round_trip(
+    assert_same_state(
         {k: v for k, v in eng.load("ckpt").items() if k != "opt"},
         {k: v for k, v in state.items() if k != "opt"},
     )
@@ -321,7 +299,7 @@ def test_gds_restore_reads_into_device_memory(make_engine, targets, fake_kvikio,
     eng.save(state, "ckpt").wait()
     fake.calls.clear()
     loaded = eng.load("ckpt", device="cuda")
-    assert_round_trip(loaded, state)
+    assert_same_state(loaded, state)
     assert eng.restore_mode == "gds"
     reads = [c for c in fake.calls if c.op == "pread"]
     m = read_manifest(dirs)
@@ -331,7 +309,7 @@ def test_gds_restore_reads_into_device_memory(make_engine, targets, fake_kvikio,
     for k in ("w", "half", "offset_view"):
         assert fake_cuda.is_device(loaded[k]), k
     # Restoring to the host is a host read, and says so.
-    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+    assert_same_state(eng.load("ckpt", device="cpu"), state)
     assert eng.restore_mode == "host"
 
 
@@ -349,7 +327,7 @@ def test_a_file_cufile_cannot_take_makes_the_save_compat(
     assert result.gds_mode == "compat"
     (reason,) = result.detail.compat_reasons
     assert "cuFile could not take" in reason and dirs[1] in reason
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     # The other two files did go over GDS; the fallback file went through POSIX.
     by_file = {(os.path.dirname(os.path.dirname(c.path)), c.route) for c in fake.calls}
     assert (dirs[1], "posix") in by_file and (dirs[0], "gds") in by_file
@@ -386,7 +364,7 @@ def test_no_gds_on_the_machine_is_compat(make_engine, targets, fake_kvikio, fake
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
     assert any(why in r for r in result.detail.compat_reasons)
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
     assert eng.restore_mode == "compat"
 
 
@@ -542,7 +520,7 @@ def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kv
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
     assert "no tensor was in device memory" in result.detail.compat_reasons[0]
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_device_memory_is_registered_once_per_allocation_and_released(
@@ -668,7 +646,7 @@ def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypa
     eng = make_engine("gds", targets(1), io="auto", device="host-emulated")
     state = sample_state()
     assert eng.save(state, "ckpt").wait().gds_mode == "emulated"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(
@@ -680,7 +658,7 @@ def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "emulated"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     # One bounce buffer per writer thread, pinned exactly, released with the engine.
     assert 0 < result.pinned_bytes == fake_cudart.locked_bytes <= 2 * (8192 + 2 * 4096)
     eng.close()
@@ -739,7 +717,7 @@ def test_failed_write_keeps_the_previous_checkpoint(
         eng.save(changed, "ckpt")
     assert {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs} == before
     assert eng.status("ckpt") == "complete"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_hashing_runs_while_kvikio_writes(
@@ -770,7 +748,7 @@ def test_hashing_runs_while_kvikio_writes(
     result = eng.save(state, "ckpt").wait()
     assert seen == [0, 0] and len(fake.files[0].futures) > 1
     assert result.checksums and result.hash_s > 0
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_fallocate_and_write_caps_apply_through_kvikio(
@@ -813,7 +791,7 @@ def test_fallocate_and_write_caps_apply_through_kvikio(
     # 4 MiB over two targets capped at 4 MiB/s each, one 256 KiB burst each: at least 0.44 s.
     assert elapsed >= (2 << 20) / rate - (256 << 10) / rate - 0.02
     assert result.detail.gds_evidence.startswith("nvidia-fs counted")
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_pinned_staging_is_exactly_the_bytes_held(fake_cudart):
@@ -846,7 +824,7 @@ def test_snapshot_engine_pins_its_staging_exactly(make_engine, targets, fake_cud
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
     assert result.pinned_bytes == eng.pinned_bytes == fake_cudart.locked_bytes > 0
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     eng.close()
     assert fake_cudart.locked == {}
 
@@ -880,9 +858,9 @@ def test_real_kvikio_on_cuda(make_engine, targets):
     loaded = eng.load("ckpt", device="cuda")
     assert eng.restore_mode in ("gds", "compat") and eng.restore_detail["gds_evidence"]
     assert all(t.device.type == "cuda" for t in loaded.values())
-    assert_round_trip(loaded, state)
+    assert_same_state(loaded, state)
     # Device checksums computed on the GPU are checked again on the host.
-    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+    assert_same_state(eng.load("ckpt", device="cpu"), state)
     m = read_manifest(dirs)
     for t, info in m["files"].items():
         assert os.path.getsize(Path(dirs[int(t)]) / "ckpt" / info["file"]) == info["bytes"]
@@ -914,8 +892,8 @@ def test_real_kvikio_on_cuda_coalesces_small_tensors(make_engine, targets):
     assert result.detail.host_bytes == 0  # the step went through the device buffer
     if gds.kvikio_mode(kvikio) == "gds" and result.gds_mode == "gds":
         assert result.detail.unregistered_device_bytes == 0, result.detail
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
-    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cpu"), state)
     eng.close()
 
 
@@ -985,7 +963,7 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     buf = eng._cbuf
     assert buf is not None and fake_cuda.is_device(buf) and buf.data_ptr() % 4096 == 0
     result = eng.save(state, "ckpt").wait()
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
 
     small = [k for k, t in state.items() if 0 < t.numel() * t.element_size() < 64 << 10]
     detail = result.detail
@@ -1019,7 +997,7 @@ def test_coalescing_off_writes_each_tensor_from_its_memory(
     result = eng.save(state, "ckpt").wait()
     assert result.detail.coalesced_tensors == 0
     assert len(fake.calls) >= 40 + 1  # one write at least per tensor with bytes
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
 
 
 # -- issue 33: kvikio's own compat reasons, its pinned bounce buffers, registrations released ----
@@ -1099,7 +1077,7 @@ def test_release_deregisters_and_lets_the_state_go(make_engine, targets, fake_kv
     eng.warm(state)  # and again, for a save
     assert fake.registered
     eng.save(state, "ckpt").wait()
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
 
 
 @pytest.mark.parametrize("io", ["kvikio", "emulated"])
@@ -1128,5 +1106,5 @@ def test_the_writes_wait_for_the_stream_that_made_the_state(
     assert writes and order[0] == "wait" and order.count("wait") == 1
     if io == "kvikio":
         assert "write" not in order and result.gds_mode == "gds"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     eng.close()  # its pinned bounce buffers, while the fake CUDA runtime is still in place
