@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench.common import cudasync
+from bench.common import cudasync, log
 from bench.common.errors import UserError
 from bench.config.sweep import engine_options
 from bench.engines import ENGINES, REGISTRY, create, environment_blocks
@@ -100,7 +100,7 @@ class Core:
         if self.world.rank == 0:
             self.log(msg)
         else:
-            print(f"[rank {self.world.rank}] {msg}", file=sys.stderr)
+            log.for_rank(self.world.rank).warning(msg)
 
     def note(self, msg: str) -> None:
         """A line for env.json and the terminal summary (once)."""
