@@ -29,6 +29,7 @@ from analysis.report.caveats import warnings_for
 from analysis.report.model import MODEL_CSV, model_errors, model_frame, model_vs_measured
 from bench.cli import main
 from bench.common.errors import UserError
+from bench.measure.ceilings import BUFFERED_WRITE, COPY, DIRECT_WRITE
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 DEFAULT = FIX / "20261202T160516Z-default-b10c3b"
@@ -273,9 +274,10 @@ def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run
     ]
     env2 = dict(env, ceilings_probes=probes)
     best = runs.ceilings(env2)
-    assert best["per_ssd_count"]["1"] == {"direct_write_Bps": 3.0e9, "buffered_write_Bps": 4e9}
-    assert best["per_ssd_count"]["2"] == {"direct_write_Bps": 4.0e9, "buffered_write_Bps": 2.5e9}
-    assert best["copy_Bps"] == 20e9
+    assert best is not None
+    assert [best.at(k, 1).Bps for k in (DIRECT_WRITE, BUFFERED_WRITE)] == [3.0e9, 4e9]
+    assert [best.at(k, 2).Bps for k in (DIRECT_WRITE, BUFFERED_WRITE)] == [4.0e9, 2.5e9]
+    assert best.at(COPY).Bps == 20e9
     ok2 = runs.add_efficiencies(run.ok, env2)
     t2 = stats.summary_table(dataclasses.replace(run, env=env2, ok=ok2))
     d2 = t2[(t2["engine"] == "torch-save") & (t2["workload"] == wl)].iloc[0]
