@@ -1,8 +1,11 @@
 """The typed ceilings (bench.measure.ceilings): JSON round trips of every type; env.json as earlier
-versions wrote it (the committed fixture runs) reads into the same numbers and efficiencies."""
+versions wrote it (the committed fixture runs) reads into the same numbers and efficiencies; every
+kind of KINDS is measured, kept, judged and shown; and a kind declared in KINDS with its measurer
+in bench.measure.ceiling.MEASURERS, and nowhere else, goes through all of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,8 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis import runs
-from bench.common.traits import BUILTIN
+from analysis import runs, summary
+from analysis.report.environment import env_rows
+from bench.common import devices
+from bench.common.traits import BUILTIN, Traits
+from bench.measure import ceiling, ceilings
 from bench.measure.ceilings import (
     BUFFERED_WRITE,
     BUFFERED_WRITE_1,
@@ -34,6 +40,8 @@ from bench.measure.ceilings import (
     Tried,
     Writers,
 )
+from bench.measure.efficiency import efficiency
+from bench.storage import odirect
 
 MiB = 1 << 20
 FIX = Path(__file__).parent / "fixtures" / "runs"
@@ -252,3 +260,155 @@ def test_the_fixture_runs_efficiencies_are_those_their_version_wrote() -> None:
             assert s == round(r["total_bytes"] / r["stall_s"] / 19500338305.069084, 4)
         else:
             assert math.isnan(s)
+
+
+# -- every kind, and a new one -------------------------------------------------------------------
+
+
+def test_every_kind_has_one_name_its_own_keys_and_a_measurer() -> None:
+    assert set(ceiling.MEASURERS) == set(KINDS)
+    assert len({k.name for k in KINDS}) == len({k.label for k in KINDS}) == len(KINDS)
+    keys = [
+        key
+        for k in KINDS
+        for key in Measured(1.0, (1,), Writers(1), (Tried(Writers(1), 1),)).to_json(k.name)
+    ]
+    fields = [f.name for f in dataclasses.fields(Method)] + ["per_ssd_count", "file_bytes"]
+    assert len(set(keys)) == len(keys) == 4 * len(KINDS) and not set(keys) & set(fields)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_kind_is_kept_judged_shown_and_checked_for_drift(kind: Kind) -> None:
+    """One kind alone measured before and after the sweep (half as fast after): env.json keeps
+    it, the run's best is its best, the summary and the report name it, a storage kind's move is
+    a drift, and a kind that judges is the ceiling of the engines it fits."""
+    m, half = Measured(2e9, (2e9, 1.8e9), Writers(2, 4)), Measured(1e9, (1e9,))
+
+    def alone(x: Measured) -> Ceilings:
+        if kind.storage:
+            return Ceilings({1: Count(MiB, {kind: x})}, method=Method(tool="builtin"))
+        return Ceilings(host={kind: x}, method=Method(tool="builtin"))
+
+    before, after = alone(m), alone(half)
+    env = through_json({"ceilings": before.to_json(), "ceilings_after": after.to_json()})
+    got = RunCeilings.from_env(env)
+    assert got.before == before and got.after == after
+    best = got.best()
+    assert best is not None and best.at(kind, 1) == m
+    lines = summary.ceiling_lines(env)
+    assert any(f"{kind.label} 2.00 / 1.00 GB/s" in ln for ln in lines), lines
+    (report,) = [v for k, v in env_rows(env) if k == "device ceilings"]
+    assert f"{kind.label} 2.00 GB/s (runs 2.00 1.80 GB/s, 2 writer(s), depth 4)" in report
+    moved = (
+        f"{kind.name.replace('_', ' ')} ceiling of 1 target(s) moved from 2.00 GB/s before the "
+        "sweep to 1.00 GB/s after"
+    )
+    assert before.drift(after) == ([moved] if kind.storage else [])
+    if kind.judges is None:
+        return
+    fitting = [t for t in BUILTIN.values() if kind.fits(t)]
+    assert fitting, f"{kind.name} judges no built-in engine"
+    for t in fitting:
+        assert best.bound(kind.judges, t, 1) == 2e9
+    for t in BUILTIN.values():
+        if not kind.fits(t):
+            assert best.bound(kind.judges, t, 1) is None
+
+
+def test_a_snapshot_is_judged_against_the_device_to_host_copy_where_there_is_one() -> None:
+    both = Ceilings(host={COPY: Measured(10e9), D2H: Measured(20e9)})
+    single = BUILTIN["cpu-single"]
+    assert both.bound("snapshot", single, 1) == 20e9
+    assert Ceilings(host={COPY: Measured(10e9)}).bound("snapshot", single, 1) == 10e9
+    assert both.bound("snapshot", BUILTIN["gds"], 1) is None  # no snapshot: it reads the device
+
+
+def _dirs(scratch: Path, n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        d = scratch / f"t{i}"
+        d.mkdir()
+        out.append(str(d))
+    reason = odirect.probe(out[0])
+    if reason:
+        pytest.skip(f"scratch refuses O_DIRECT: {reason}")
+    return out
+
+
+def test_a_kind_declared_in_one_place_is_measured_kept_judged_and_shown(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new kind (here an O_DIRECT read of n targets, judging the write of the engines that read
+    device memory themselves) declared as an entry of KINDS, and its measurer an entry of
+    MEASURERS, with no other edit: the ceilings before and after the sweep and the probe measure
+    it (its configuration chosen before is measured again), env.json keeps it, the run's best and
+    drift take it in, gds rows are judged against it (cpu-single's still against O_DIRECT
+    writes), and the summary and the report show it."""
+
+    def reads_device(t: Traits) -> bool:
+        return t.from_device
+
+    read = Kind("direct_read", "O_DIRECT read", True, "write", reads_device)
+    monkeypatch.setattr(ceilings, "KINDS", (read, *KINDS))
+    seen: list[tuple[int, bool, Writers | None]] = []
+    speed = {"per target": 3e9}
+
+    def measure_read(s: ceiling.Session, got: Any) -> Measured:
+        seen.append((len(s.targets), s.probe, s.chosen.get(read)))
+        rate = speed["per target"] * len(s.targets)
+        return Measured.best_of([rate, 0.9 * rate], s.chosen.get(read) or Writers(1, 4))
+
+    monkeypatch.setitem(ceiling.MEASURERS, read, measure_read)
+    dirs = _dirs(scratch, 2)
+    host = devices.detect("host-emulated")
+    quick: dict[str, Any] = dict(
+        use_fio=False,
+        repetitions=1,
+        min_bytes=8 * MiB,
+        tensor_bytes=MiB,
+        grids={DIRECT_WRITE: [(1, 2)], BUFFERED_WRITE: [(1, 1)]},
+    )
+    before = ceiling.measure(dirs, [1, 2], 8 * MiB, MiB, host, **quick)
+    speed["per target"] = 1.5e9
+    after = ceiling.measure(dirs, [1, 2], 8 * MiB, MiB, host, configs=before.chosen(), **quick)
+    speed["per target"] = 4e9
+    probe = ceiling.probe(dirs, 8 * MiB, MiB, host, before.chosen()[2], use_fio=False)
+    assert seen == [
+        (1, False, None),
+        (2, False, None),
+        (1, False, Writers(1, 4)),
+        (2, False, Writers(1, 4)),
+        (2, True, Writers(1, 4)),
+    ]
+    text = json.dumps(
+        {
+            "ceilings": before.to_json(),
+            "ceilings_after": after.to_json(),
+            "ceilings_probes": [probe.to_json()],
+        }
+    )
+    env = json.loads(text)
+    assert env["ceilings"]["per_ssd_count"]["2"]["direct_read_Bps"] == 6e9
+    assert env["ceilings_probes"][0]["direct_read_runs"] == [8_000_000_000, 7_200_000_000]
+    got = RunCeilings.from_env(env)
+    assert (got.before, got.after, got.probes) == (before, after, (probe,))
+    best = got.best()
+    assert best is not None
+    assert (best.at(read, 1).Bps, best.at(read, 2).Bps) == (3e9, 8e9)  # before's, the probe's
+    assert (
+        "direct read ceiling of 1 target(s) moved from 3.00 GB/s before the sweep to "
+        "1.50 GB/s after"
+    ) in before.drift(after)
+    row = {"n_targets": 2, "total_bytes": 4e9, "total_s": 1.0, "stall_s": 0.5}
+    assert efficiency(row, best, BUILTIN["gds"]) == (0.5, None)
+    direct = best.at(DIRECT_WRITE, 2).Bps
+    assert efficiency(row, best, BUILTIN["cpu-single"])[0] == round(4e9 / direct, 4)
+    lines = summary.ceiling_lines(env)
+    assert any(
+        ln.startswith("  1 target(s): O_DIRECT read 3.00 / 1.50 GB/s (1 writer(s), depth 4), ")
+        for ln in lines
+    ), lines
+    (report,) = [v for k, v in env_rows(env) if k == "device ceilings"]
+    assert (
+        "2 target(s): O_DIRECT read 6.00 GB/s (runs 6.00 5.40 GB/s, 1 writer(s), depth 4)" in report
+    )
