@@ -60,7 +60,7 @@ def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
     w, s = [], []
     for r in df.to_dict("records"):
         t = engine_traits(env, r["engine"])
-        a, b = efficiency(r, c, t) if (c and t) else (None, None)
+        a, b = efficiency(r, c, t) if (c is not None and t) else (None, None)
         w.append(np.nan if a is None else a)
         s.append(np.nan if b is None else b)
     return df.assign(write_eff=w, snapshot_eff=s)

@@ -52,50 +52,6 @@ def median_row(g: pd.DataFrame, metric: str = "total_s") -> pd.Series:
     return s.iloc[(len(s) - 1) // 2]
 
 
-def device_ceiling(env: dict[str, Any], key: str, n_targets: int, shared: bool) -> float | None:
-    """The write ceiling (B/s) of n targets from env.json["ceilings"], or None if the run has none.
-
-    Accepts `per_ssd_count` ({"2": {key: B/s}}: measured with that many targets at once, as
-    bench/measure/ceiling.py writes it), a number (one target), a per-target list, or per-target dicts
-    (under "targets" or keyed by target path). For the per-target shapes, with all targets on
-    one device the ceiling of one target is the ceiling of any number of them.
-    """
-    ceil = env.get("ceilings")
-    if not isinstance(ceil, dict):
-        return None
-    # bench/measure/ceiling.py: aggregate ceilings measured with n targets written at once
-    per_n = ceil.get("per_ssd_count")
-    if isinstance(per_n, dict):
-        row = per_n.get(str(n_targets))
-        val = row.get(key) if isinstance(row, dict) else None
-        if isinstance(val, int | float) and val > 0:
-            return float(val)
-    per: list[float] = []
-    v = ceil.get(key)
-    if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-        per = [float(v)] * n_targets
-    elif isinstance(v, list):
-        per = [float(x) for x in v if isinstance(x, int | float) and x > 0]
-    else:
-        # per-target dicts: a "targets" list, or dicts keyed by target path (in env.json order)
-        items = ceil["targets"] if isinstance(ceil.get("targets"), list) else list(ceil.values())
-        per = [
-            float(t[key])
-            for t in items
-            if isinstance(t, dict) and isinstance(t.get(key), int | float) and t[key] > 0
-        ]
-    if not per:
-        return None
-    k = 1 if shared else n_targets
-    if len(per) < k:
-        per = per + [per[-1]] * (k - len(per))
-    return float(sum(per[:k]))
-
-
-def has_ceilings(env: dict[str, Any]) -> bool:
-    return isinstance(env.get("ceilings"), dict) and bool(env["ceilings"])
-
-
 def summary_table(run: Run) -> pd.DataFrame:
     """One row per case: medians, IQRs, n, the cost per tensor (median stall and persist over the
     state's tensors, us), host memory, speed-up over torch-save and, when the run has device

@@ -13,6 +13,7 @@ import pandas as pd
 from analysis import contention, runs, stats
 from bench.common import sizes
 from bench.common.errors import UserError
+from bench.measure.ceilings import Ceilings, Kind, RunCeilings
 
 COLUMNS = {  # summary_table column -> terminal header
     "mode": "mode",
@@ -62,38 +63,31 @@ def table(run: runs.Run) -> pd.DataFrame:
 
 def ceiling_lines(env: dict[str, Any]) -> list[str]:
     """The run's device ceilings (before and, when measured, after the sweep)."""
-    c = env.get("ceilings")
-    if not c:
+    measured = RunCeilings.from_env(env)
+    c = measured.before
+    if c is None:
         return []
-    after = env.get("ceilings_after") or {}
+    after = measured.after or Ceilings()
+    how = c.method
+    host = [f"{kind.label} {_gb(c, after, kind)}" for kind, n, _ in c.measured() if n is None]
     head = (
-        f"ceilings ({c['tool']}"
-        + (f" writing from {c['fio_buffers']}" if c.get("fio_buffers") else "")
-        + f", {sizes.format_size(c['block_bytes'])} writes, best of "
-        f"{c.get('repetitions', 1)} runs after a search; before"
-        + (" / after the sweep" if after else "")
-        + "): copy into a warm buffer "
-        + _gb(c, after, "copy_Bps")
-        + f" ({c.get('copy_threads', 1)} threads)"
+        f"ceilings ({how.tool or '?'}"
+        + (f" writing from {how.fio_buffers}" if how.fio_buffers else "")
+        + (f", {sizes.format_size(how.block_bytes)} writes" if how.block_bytes else "")
+        + f", best of {how.repetitions or 1} runs after a search, copies by "
+        f"{how.copy_threads or 1} thread(s); before"
+        + (" / after the sweep" if measured.after else "")
+        + "): "
+        + ", ".join(host)
     )
-    if c.get("d2h_Bps"):
-        head += f", device-to-host {_gb(c, after, 'd2h_Bps')}"
-    if c.get("serialize_Bps"):
-        head += f", torch.save to memory {_gb(c, after, 'serialize_Bps')}"
     lines = [head]
-    for n, v in c["per_ssd_count"].items():
-        a = after.get("per_ssd_count", {}).get(n, {})
-        parts = []
-        for m, what in (("direct_write", "O_DIRECT"), ("buffered_write", "buffered + fsync")):
-            cfg = v.get(f"{m}_config")
-            how = (
-                f" ({cfg['jobs']} writer(s)"
-                + (f", depth {cfg['iodepth']}" if m == "direct_write" else "")
-                + ")"
-                if cfg
-                else ""
-            )
-            parts.append(f"{what} {_gb(v, a, m + '_Bps')}{how}")
+    for n in sorted(c.counts):
+        parts = [
+            f"{kind.label} {_gb(c, after, kind, n)}"
+            + (f" ({m.writers.describe()})" if m.writers else "")
+            for kind, at, m in c.measured()
+            if at == n
+        ]
         lines.append(f"  {n} target(s): " + ", ".join(parts))
     lines.append(
         "  write_eff: bytes / (save() until durable) over the ceiling of the engine's "
@@ -103,11 +97,11 @@ def ceiling_lines(env: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _gb(before: dict[str, Any], after: dict[str, Any], key: str) -> str:
-    b = before.get(key)
-    out = f"{b / 1e9:.2f}" if b else "-"
-    if after.get(key):
-        out += f" / {after[key] / 1e9:.2f}"
+def _gb(before: Ceilings, after: Ceilings, kind: Kind, n: int | None = None) -> str:
+    b, a = before.at(kind, n), after.at(kind, n)
+    out = f"{b.Bps / 1e9:.2f}" if b and b.Bps else "-"
+    if a and a.Bps:
+        out += f" / {a.Bps / 1e9:.2f}"
     return out + " GB/s"
 
 

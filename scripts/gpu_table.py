@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
 from bench.measure import detail as io_detail  # noqa: E402
+from bench.measure.ceilings import RunCeilings  # noqa: E402
 
 
 def _gb(b: float) -> str:
@@ -41,16 +44,16 @@ def env_lines(env: dict) -> list[str]:
     sync = env.get("cuda_sync")
     if isinstance(sync, dict):  # how CUDA waits: blocking-sync or spin
         lines.append(f"cuda_sync in force: {sync.get('in_force')}")
-    c = env.get("ceilings")
-    if c:
-        per = c["per_ssd_count"].get("1", {})
+    measured = RunCeilings.from_env(env)
+    c = measured.before
+    if c is not None:  # the host's, and those of one target
+        got = [(k, m) for k, n, m in c.measured() if n in (None, 1)]
         lines.append(
-            f"ceilings ({c['tool']}): D2H {_gb(c.get('d2h_Bps') or 0)} GB/s, copy "
-            f"{_gb(c['copy_Bps'])} GB/s, O_DIRECT {_gb(per.get('direct_write_Bps', 0))} GB/s, "
-            f"buffered+fsync {_gb(per.get('buffered_write_Bps', 0))} GB/s"
+            f"ceilings ({c.method.tool}): "
+            + ", ".join(f"{k.label} {_gb(m.Bps)} GB/s" for k, m in got)
         )
-    elif env.get("ceilings_error"):
-        lines.append(f"ceilings not measured: {env['ceilings_error']}")
+    elif measured.error:
+        lines.append(f"ceilings not measured: {measured.error}")
     return lines
 
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from bench import engines
 from bench.common import cudasync, devices, sizes
-from bench.measure import ceiling, clock, env, results
+from bench.measure import ceiling, ceilings, clock, env, results
 from bench.measure import timers as measure
+from bench.measure.ceilings import Ceilings, Measured, Method
 from bench.storage.verify import first_difference, first_tensor_difference
 from bench.workloads import synthetic_state
 
@@ -84,6 +85,14 @@ def fio_disk(target: str, nbytes: int) -> float:
         os.unlink(path)
 
 
+def copy_ceilings(size: int, dev: devices.Device, threads: int) -> Ceilings:
+    """The copy ceiling of one repetition (and on CUDA the device-to-host one), best of 5."""
+    host = {ceilings.COPY: Measured.best_of(ceiling.copy_bandwidth(size, threads=threads))}
+    if dev.is_cuda:
+        host[ceilings.D2H] = Measured.best_of(ceiling.d2h_bandwidth(size, dev))
+    return Ceilings(host=host, method=Method(copy_threads=threads))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1GiB")
@@ -108,19 +117,19 @@ def main() -> int:
         made.append((name, label, eng))
     has_fio = ceiling.fio_version() is not None
     threads = min(os.cpu_count() or 1, 8)
-    copies: list[dict[str, Any]] = []
+    copies: list[Ceilings] = []
     run_id, run_dir = results.new_run_dir(a.output, "peers")
     rows: list[dict[str, Any]] = []
     for rep in range(a.reps):
         # The copy ceiling alternates with the saves too: this host's memory bandwidth moves
         # as much as its disk does, and a stall is judged against the ceiling of its own rep.
-        copies.append(ceiling.copy_bandwidth(size, dev, threads=threads))
+        copies.append(copy_ceilings(size, dev, threads))
         rows.append(
             {
                 "rep": rep,
                 "method": COPY,
                 "engine": "copy",
-                "stall_s": size / copies[-1]["copy_Bps"],
+                "stall_s": size / copies[-1].host[ceilings.COPY].Bps,
                 "durable_s": "",
                 "verified": True,
             }
@@ -173,7 +182,7 @@ def main() -> int:
     envb = env.collect([os.path.abspath(a.target)], engines.environment_blocks())
     envb.update(
         device={"kind": dev.kind, "emulated": dev.emulated},
-        copy_ceilings=copies,
+        copy_ceilings=[c.to_json() for c in copies],
         size_bytes=size,
         stall_clock=clock.STALL_CLOCK,
         **({"cuda_sync": sync} if dev.is_cuda else {}),
@@ -181,7 +190,7 @@ def main() -> int:
     if has_fio:
         envb["fio_buffers"] = ceiling.fio_env()[1]
     results.write_json(os.path.join(run_dir, "env.json"), envb)
-    copy_s = [size / c["copy_Bps"] for c in copies]
+    copy_s = [size / c.host[ceilings.COPY].Bps for c in copies]
     print(
         f"\n{sizes.format_size(size)} of {a.tensor} tensors, one target, {a.reps} alternating "
         f"repetitions ({dev.kind}); copy ceiling {min(copy_s):.3f}-{max(copy_s):.3f} s "
@@ -217,7 +226,7 @@ def main() -> int:
         # One copy against one copy: the stall over the median of its repetition's copy runs
         # (the ceiling is their best; a single stall set against the best of five carries
         # the machine's run-to-run noise, about 1.1x here, on top of any real overhead).
-        typical = [size / statistics.median(c["copy_runs"]) for c in copies]
+        typical = [size / c.host[ceilings.COPY].median() for c in copies]
         like = [s / c for s, c in zip(stalls, typical, strict=True)]
         print(
             f"\ncpu-single end to end: {fio / ours:.2f} x fio's median; stall: median "

@@ -29,6 +29,7 @@ from analysis.report.caveats import warnings_for
 from analysis.report.model import MODEL_CSV, model_errors, model_frame, model_vs_measured
 from bench.cli import main
 from bench.common.errors import UserError
+from bench.measure.ceilings import BUFFERED_WRITE, COPY, DIRECT_WRITE, RunCeilings
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 DEFAULT = FIX / "20261202T160516Z-default-b10c3b"
@@ -273,9 +274,10 @@ def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run
     ]
     env2 = dict(env, ceilings_probes=probes)
     best = runs.ceilings(env2)
-    assert best["per_ssd_count"]["1"] == {"direct_write_Bps": 3.0e9, "buffered_write_Bps": 4e9}
-    assert best["per_ssd_count"]["2"] == {"direct_write_Bps": 4.0e9, "buffered_write_Bps": 2.5e9}
-    assert best["copy_Bps"] == 20e9
+    assert best is not None
+    assert [best.at(k, 1).Bps for k in (DIRECT_WRITE, BUFFERED_WRITE)] == [3.0e9, 4e9]
+    assert [best.at(k, 2).Bps for k in (DIRECT_WRITE, BUFFERED_WRITE)] == [4.0e9, 2.5e9]
+    assert best.at(COPY).Bps == 20e9
     ok2 = runs.add_efficiencies(run.ok, env2)
     t2 = stats.summary_table(dataclasses.replace(run, env=env2, ok=ok2))
     d2 = t2[(t2["engine"] == "torch-save") & (t2["workload"] == wl)].iloc[0]
@@ -287,30 +289,7 @@ def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run
     assert stats.fmt_eff(float("nan")) == "-"
 
 
-@pytest.mark.parametrize(
-    "ceilings",
-    [
-        {"direct_write_Bps": 2e9},
-        {"direct_write_Bps": [2e9, 3e9]},
-        {"targets": [{"direct_write_Bps": 2e9}, {"direct_write_Bps": 3e9}]},
-        {"t0": {"direct_write_Bps": 2e9}, "t1": {"direct_write_Bps": 3e9}},
-    ],
-)
-def test_device_ceiling_shapes(ceilings: dict) -> None:
-    env = {"ceilings": ceilings}
-    assert stats.device_ceiling(env, "direct_write_Bps", 1, shared=False) == 2e9
-    assert stats.device_ceiling(env, "direct_write_Bps", 2, shared=True) == 2e9
-    two = stats.device_ceiling(env, "direct_write_Bps", 2, shared=False)
-    assert two == (
-        4e9
-        if "direct_write_Bps" in ceilings and not isinstance(ceilings["direct_write_Bps"], list)
-        else 5e9
-    )
-    assert stats.device_ceiling(env, "buffered_write_Bps", 1, shared=False) is None
-    assert stats.device_ceiling({}, "direct_write_Bps", 1, shared=False) is None
-
-
-def test_device_ceiling_per_ssd_count() -> None:
+def test_ceilings_per_ssd_count() -> None:
     # the shape bench/measure/ceiling.py writes: aggregates measured with n targets at once
     env = {
         "ceilings": {
@@ -322,11 +301,14 @@ def test_device_ceiling_per_ssd_count() -> None:
             },
         }
     }
-    assert stats.device_ceiling(env, "direct_write_Bps", 1, shared=True) == 2e9
-    assert stats.device_ceiling(env, "direct_write_Bps", 2, shared=True) == 2.5e9
-    assert stats.device_ceiling(env, "buffered_write_Bps", 2, shared=True) is None
-    assert stats.device_ceiling(env, "direct_write_Bps", 4, shared=False) is None
-    assert stats.device_ceiling(env, "copy_Bps", 1, shared=True) == 9e9  # one for the host
+    c = RunCeilings.from_env(env).before
+    assert c is not None
+    assert c.at(DIRECT_WRITE, 1).Bps == 2e9
+    assert c.at(DIRECT_WRITE, 2).Bps == 2.5e9
+    assert c.at(BUFFERED_WRITE, 2) is None
+    assert c.at(DIRECT_WRITE, 4) is None
+    assert c.at(COPY).Bps == 9e9  # one for the host
+    assert RunCeilings.from_env({}).before is None
     run = runs.load(str(DEFAULT))
     p = from_run(dataclasses.replace(run, env=dict(run.env, **env)))
     assert (p.ssd_write_Bps, p.host_copy_Bps) == (2e9, 9e9)

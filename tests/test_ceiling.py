@@ -15,6 +15,16 @@ import pytest
 from bench.common import devices
 from bench.config import sweep as config
 from bench.measure import ceiling
+from bench.measure.ceilings import (
+    BUFFERED_WRITE,
+    BUFFERED_WRITE_1,
+    COPY,
+    D2H,
+    DIRECT_WRITE,
+    SERIALIZE,
+    Ceilings,
+    Writers,
+)
 from bench.run import rows
 from bench.storage import odirect
 
@@ -203,7 +213,7 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
     monkeypatch.setattr(ceiling, "copy_bandwidth", copy)
     monkeypatch.setattr(ceiling, "PROBE_COPY_BYTES", 4 * MiB)
     seen: list[str] = []
-    search, jobs = [(1, 2), (2, 2)], [1, 2]
+    grids = {DIRECT_WRITE: [(1, 2), (2, 2)], BUFFERED_WRITE: [(1, 1), (2, 1)]}
     out = ceiling.measure(
         dirs,
         [1, 2],
@@ -216,15 +226,14 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
         max_bytes=8 * MiB,
         max_seconds=30.0,
         tensor_bytes=MiB,
-        direct_search=search,
-        buffered_jobs=jobs,
+        grids=grids,
         progress=seen.append,
     )
     assert {n for n, _ in writes} == {8 * MiB} and {s for _, s in writes} == {30.0}
-    assert len(writes) == len(seen) == ceiling.storage_runs([1, 2], search, jobs, 2) == 16
-    assert ceiling.storage_runs([1, 2], search, jobs, 2, searched=False) == 8
-    assert copies == [4 * MiB] and out["checkpoint_bytes"] == 40 << 30
-    assert out["max_bytes"] == 8 * MiB and out["per_ssd_count"]["2"]["file_bytes"] == 4 * MiB
+    assert len(writes) == len(seen) == ceiling.storage_runs([1, 2], grids, 2) == 16
+    assert ceiling.storage_runs([1, 2], grids, 2, searched=False) == 8
+    assert copies == [4 * MiB] and out.method.checkpoint_bytes == 40 << 30
+    assert out.method.max_bytes == 8 * MiB and out.counts[2].file_bytes == 4 * MiB
     assert seen[0].startswith("direct write x1: ") and seen[-1].startswith("buffered write x2: ")
     assert ceiling.probe_bytes(100, 4 * MiB, 8 * MiB) == 4 * MiB  # at least min_bytes
     assert ceiling.probe_bytes(6 * MiB, 4 * MiB, 8 * MiB) == 6 * MiB
@@ -246,44 +255,53 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
         copy_threads=2,
         tensor_bytes=MiB,
     )
-    assert out["tool"] == "builtin" and out["repetitions"] == 3 and out["block_bytes"] == MiB
-    assert set(out["per_ssd_count"]) == {"1", "2"}
-    for n, row in out["per_ssd_count"].items():
-        assert row["file_bytes"] == 16 * MiB // int(n)  # at least min_bytes in all
+    how = out.method
+    assert how.tool == "builtin" and how.repetitions == 3 and how.block_bytes == MiB
+    assert set(out.counts) == {1, 2}
+    for n, count in out.counts.items():
+        assert count.file_bytes == 16 * MiB // n  # at least min_bytes in all
         # A queue deeper than a writer's blocks is the same run: searched once, as it ran
         # (16 MiB over 1 target: 16, 8, 4 blocks per writer; over 2: 8, 4, 2).
         direct = {
-            "1": [(1, 8), (1, 16), (2, 8), (4, 4)],
-            "2": [(1, 8), (2, 4), (4, 2)],
+            1: [(1, 8), (1, 16), (2, 8), (4, 4)],
+            2: [(1, 8), (2, 4), (4, 2)],
         }[n]
         assert ceiling.DIRECT_SEARCH == [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]
-        for mode, search in (
-            ("direct_write", direct),
-            ("buffered_write", ceiling.BUFFERED_SEARCH),
+        for kind, search in (
+            (DIRECT_WRITE, direct),
+            (BUFFERED_WRITE, ceiling.BUFFERED_SEARCH),
         ):
-            runs = row[f"{mode}_runs"]
-            assert len(runs) == 3 and all(r > 0 for r in runs)
-            tried = row[f"{mode}_search"]
-            assert [(t["jobs"], t["iodepth"]) for t in tried] == search
-            best = max(tried, key=lambda t: t["Bps"])
-            assert row[f"{mode}_config"] == {"jobs": best["jobs"], "iodepth": best["iodepth"]}
+            got = count.kinds[kind]
+            assert len(got.runs) == 3 and all(r > 0 for r in got.runs)
+            assert [(t.writers.jobs, t.writers.iodepth) for t in got.search] == search
+            best = max(got.search, key=lambda t: t.Bps)
+            assert got.writers == best.writers
             # the ceiling is the best run of the chosen configuration
-            assert row[f"{mode}_Bps"] == pytest.approx(max(runs + [best["Bps"]]), rel=1e-6)
-            assert row[f"{mode}_median_Bps"] == pytest.approx(statistics.median(runs), rel=1e-6)
+            assert got.Bps == pytest.approx(max([*got.runs, best.Bps]), rel=1e-6)
+            assert got.median() == pytest.approx(statistics.median(got.runs), rel=1e-6)
+        # one writer's page-cache rate, not run again: the search's run of one writer (the
+        # buffered runs themselves where the search chose one writer)
+        buffered = count.kinds[BUFFERED_WRITE]
+        one = next(t for t in buffered.search if t.writers.jobs == 1)
+        assert BUFFERED_WRITE_1 not in count.kinds
+        assert out.at(BUFFERED_WRITE_1, n).median() == (
+            buffered.median() if buffered.writers == Writers(1, 1) else one.Bps
+        )
     searched = 4 + 3 + 2 * len(ceiling.BUFFERED_SEARCH)
     assert len(drops) == searched + 2 * 2 * 3  # the page cache is dropped before every run
-    assert out["copy_Bps"] > 1e8 and "d2h_Bps" not in out and out["copy_threads"] == 2
-    assert len(out["copy_runs"]) == 5
-    assert out["copy_Bps"] == pytest.approx(max(out["copy_runs"]), rel=1e-3)
-    assert out["serialize_Bps"] > 1e7
+    copy = out.at(COPY)
+    assert copy.Bps > 1e8 and out.at(D2H) is None and how.copy_threads == 2
+    assert len(copy.runs) == 5
+    assert copy.Bps == pytest.approx(max(copy.runs), rel=1e-3)
+    assert out.at(SERIALIZE).Bps > 1e7
     # After the sweep: the chosen configurations only, no search.
-    again = _builtin_once(dirs, [1, 2], 16 * MiB, configs=ceiling.chosen_configs(out))
-    for n, row in again["per_ssd_count"].items():
-        assert "direct_write_search" not in row
-        assert row["direct_write_config"] == out["per_ssd_count"][n]["direct_write_config"]
+    again = _builtin_once(dirs, [1, 2], 16 * MiB, configs=out.chosen())
+    for n, count in again.counts.items():
+        assert count.kinds[DIRECT_WRITE].search == ()
+        assert count.kinds[DIRECT_WRITE].writers == out.counts[n].kinds[DIRECT_WRITE].writers
 
 
-def _builtin_once(dirs: list[str], counts: list[int], min_bytes: int, **kw: object) -> dict:
+def _builtin_once(dirs: list[str], counts: list[int], min_bytes: int, **kw: Any) -> Ceilings:
     """The built-in probe's ceilings of 8 MiB checkpoints, one repetition."""
     host = devices.detect("host-emulated")
     return ceiling.measure(
@@ -293,20 +311,18 @@ def _builtin_once(dirs: list[str], counts: list[int], min_bytes: int, **kw: obje
 
 def test_the_config_defaults_are_the_probe_defaults() -> None:
     spec = config.CeilingSpec()
-    assert [tuple(c) for c in spec.direct_search] == ceiling.DIRECT_SEARCH
-    assert [(j, 1) for j in spec.buffered_jobs] == ceiling.BUFFERED_SEARCH
+    assert [tuple(c) for c in spec.direct_search] == ceiling.GRIDS[DIRECT_WRITE]
+    assert [(j, 1) for j in spec.buffered_jobs] == ceiling.GRIDS[BUFFERED_WRITE]
 
 
 def test_a_given_grid_is_searched_instead_of_the_default(scratch: Path) -> None:
-    out = _builtin_once(
-        _dirs(scratch, 1), [1], 8 * MiB, direct_search=[(1, 2), (2, 1)], buffered_jobs=[2]
-    )
-    row = out["per_ssd_count"]["1"]
-    tried = [(t["jobs"], t["iodepth"]) for t in row["direct_write_search"]]
-    assert tried == [(1, 2), (2, 1)]
+    grids = {DIRECT_WRITE: [(1, 2), (2, 1)], BUFFERED_WRITE: [(2, 1)]}
+    out = _builtin_once(_dirs(scratch, 1), [1], 8 * MiB, grids=grids)
+    kinds = out.counts[1].kinds
+    assert [t.writers for t in kinds[DIRECT_WRITE].search] == [Writers(1, 2), Writers(2, 1)]
     # one buffered configuration: run, not searched
-    assert "buffered_write_search" not in row
-    assert row["buffered_write_config"] == {"jobs": 2, "iodepth": 1}
+    assert kinds[BUFFERED_WRITE].search == ()
+    assert kinds[BUFFERED_WRITE].writers == Writers(2, 1)
 
 
 def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Path) -> None:
@@ -323,10 +339,7 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
         calls.append((len(targets), share, direct, jobs, depth))
         return real(targets, share, block, direct, jobs, depth, caps, seconds)
 
-    chosen = {
-        "direct_write": {"jobs": 2, "iodepth": 4},
-        "buffered_write": {"jobs": 2, "iodepth": 1},
-    }
+    chosen = {DIRECT_WRITE: Writers(2, 4), BUFFERED_WRITE: Writers(2, 1)}
     ceiling.builtin_write = spy
     try:
         got = ceiling.probe(
@@ -343,7 +356,7 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     finally:
         ceiling.builtin_write = real
     assert list(keep) == [8 * MiB]  # the copy buffers, kept for the next probe
-    ceiling.copy_bandwidth(4 * MiB, devices.detect("host-emulated"), reps=1, keep=keep)
+    ceiling.copy_bandwidth(4 * MiB, reps=1, keep=keep)
     assert list(keep) == [4 * MiB]  # one size kept at a time
     ceiling.release(keep)
     assert keep == {}
@@ -355,16 +368,19 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
         *[(2, 4 * MiB, False, 1, 1)] * runs,
     ]
     assert len(drops) == 1 + 2 * runs  # the cache dropped before every run
-    assert got["n_targets"] == 2 and got["file_bytes"] == 4 * MiB
-    for key, n in (("direct_write", 1), ("buffered_write", runs), ("buffered_write_1", runs)):
-        assert len(got[f"{key}_runs"]) == n
-        assert got[f"{key}_Bps"] == max(got[f"{key}_runs"]) > 1e6, key  # the best run
-    assert got["copy_Bps"] > 1e6
-    assert "d2h_Bps" not in got
+    assert got.n_targets == 2 and got.file_bytes == 4 * MiB
+    for kind, n in ((DIRECT_WRITE, 1), (BUFFERED_WRITE, runs), (BUFFERED_WRITE_1, runs)):
+        assert len(got.kinds[kind].runs) == n
+        assert got.kinds[kind].Bps == max(got.kinds[kind].runs) > 1e6, kind  # the best run
+    assert got.kinds[BUFFERED_WRITE_1].writers == Writers(1, 1)
+    # the copy: the median of 3, every run kept; no serialisation in a probe
+    assert len(got.kinds[COPY].runs) == 3
+    assert got.kinds[COPY].Bps == statistics.median(got.kinds[COPY].runs) > 1e6
+    assert set(got.kinds) == {DIRECT_WRITE, BUFFERED_WRITE, BUFFERED_WRITE_1, COPY}
     assert [os.listdir(d) for d in dirs] == [[], []]
     # A chosen buffered configuration of one writer is not measured twice.
     calls.clear()
-    chosen["buffered_write"]["jobs"] = 1
+    chosen[BUFFERED_WRITE] = Writers(1, 1)
     ceiling.builtin_write = spy
     try:
         got = ceiling.probe(
@@ -373,13 +389,13 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     finally:
         ceiling.builtin_write = real
     assert len(calls) == 1 + ceiling.PROBE_RUNS
-    assert got["buffered_write_1_Bps"] == got["buffered_write_Bps"]
+    assert got.kinds[BUFFERED_WRITE_1] == got.kinds[BUFFERED_WRITE]
 
 
 def test_drift_between_before_and_after_is_said() -> None:
     before = {"per_ssd_count": {"1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9}}}
     after = {"per_ssd_count": {"1": {"direct_write_Bps": 1e9, "buffered_write_Bps": 1.1e9}}}
-    (line,) = ceiling.drift(before, after)
+    (line,) = Ceilings.from_json(before).drift(Ceilings.from_json(after))
     assert line == (
         "direct write ceiling of 1 target(s) moved from 2.00 GB/s before the sweep "
         "to 1.00 GB/s after"
@@ -396,13 +412,15 @@ def test_random_bytes_do_not_compress() -> None:
 def test_efficiency_of_a_row() -> None:
     """One definition: write = bytes / total_s over the ceiling of the engine's kind of write
     (for the targets it wrote); snapshot = bytes / stall over the copy ceiling."""
-    c = {
-        "per_ssd_count": {
-            "1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9},
-            "2": {"direct_write_Bps": 3e9, "buffered_write_Bps": 1.5e9},
-        },
-        "copy_Bps": 10e9,
-    }
+    c = Ceilings.from_json(
+        {
+            "per_ssd_count": {
+                "1": {"direct_write_Bps": 2e9, "buffered_write_Bps": 1e9},
+                "2": {"direct_write_Bps": 3e9, "buffered_write_Bps": 1.5e9},
+            },
+            "copy_Bps": 10e9,
+        }
+    )
     row = {
         "engine": "cpu-single",
         "n_targets": 1,
@@ -453,7 +471,8 @@ def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> No
         r.update(total_s=1.5 if engine == "torch-save" else 1.0, stall_s=stall)
         r["ceiling_beaten"] = False
         if judged:
-            r["write_efficiency"], r["snapshot_efficiency"] = rows.efficiency(r, before)
+            judge = Ceilings.from_json(before)
+            r["write_efficiency"], r["snapshot_efficiency"] = rows.efficiency(r, judge)
             r["ceiling_beaten"] = rows.beaten(r["write_efficiency"], r["snapshot_efficiency"])
         made.append(r)
     w = results.RowWriter(str(path))

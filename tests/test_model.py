@@ -279,9 +279,8 @@ def test_from_run_calibrates_from_cpu_single_medians() -> None:
 
 def test_from_run_prefers_env_ceilings() -> None:
     run = runs.load(str(DEFAULT))
-    env = dict(
-        run.env, ceilings={"d2h_Bps": 20e9, "copy_Bps": 15e9, "direct_write_Bps": [2e9, 2e9]}
-    )
+    one = {"direct_write_Bps": 2e9}
+    env = dict(run.env, ceilings={"d2h_Bps": 20e9, "copy_Bps": 15e9, "per_ssd_count": {"1": one}})
     p = from_run(dataclasses.replace(run, env=env))
     assert (p.d2h_Bps, p.host_copy_Bps, p.ssd_write_Bps) == (20e9, 15e9, 2e9)
     assert "ceilings" in p.sources["d2h_GBps"][1]

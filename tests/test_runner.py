@@ -23,7 +23,7 @@ import torch
 from conftest import QUICK_CEILINGS, scratch_base
 
 from analysis import runs
-from analysis.model.calibrate import _probe_point, from_run, near
+from analysis.model.calibrate import _point, from_run, near
 from bench import cli
 from bench.common import devices
 from bench.common.errors import UserError
@@ -31,6 +31,7 @@ from bench.config import sweep as config
 from bench.engines import REGISTRY
 from bench.measure import detail, results
 from bench.measure import timers as measure
+from bench.measure.ceilings import DIRECT_WRITE, RunCeilings
 from bench.run import plan
 from bench.run.sweep import Sweep
 from bench.storage import generations, odirect
@@ -141,9 +142,9 @@ def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any])
     for p, v in zip(mine, (5e9, 7e9), strict=True):
         p["direct_write_Bps"] = v
     known = dataclasses.replace(run, env=env)
-    after = env.get("ceilings_after") or {}
-    tail = _probe_point(after.get("per_ssd_count", {}).get("2", {}), after)
-    window = [5e9, 7e9] + ([tail["direct_write_Bps"]] if tail.get("direct_write_Bps") else [])
+    after = RunCeilings.from_env(env).after
+    tail = _point(after, 2) if after else {}
+    window = [5e9, 7e9] + ([tail[DIRECT_WRITE]] if tail.get(DIRECT_WRITE) else [])
     got = dict(near(from_run(known), known, wls[1], 2).direct_by_n)[2]
     assert got == pytest.approx(float(np.median(window)))
 

@@ -23,6 +23,7 @@ from analysis.figures.common import (
 from analysis.model.profiles import Profile
 from analysis.runs import Run, order_engines
 from bench.common.sizes import format_size
+from bench.measure.ceilings import DIRECT_WRITE, RunCeilings
 
 MAP_STYLES = {"shared": "-", "dedicated": "--", "dedicated-subfolders": "--"}
 
@@ -39,7 +40,7 @@ def contention(run: Run, prof: Profile | None) -> Figure:
     counts = sorted(int(x) for x in t["n_targets"].unique())[:3] or [1]
     fig, axes = new_figure(COL2, 2.4 * len(counts) + 0.3, ncols=2, nrows=len(counts))
     mappings = contention_mod.maps(t)
-    ceil = run.env.get("ceilings", {}) if isinstance(run.env.get("ceilings"), dict) else {}
+    ceil = RunCeilings.from_env(run.env).before
     for row, n in zip(axes, counts, strict=True):
         ax, bx = row
         if t.empty:
@@ -89,14 +90,14 @@ def contention(run: Run, prof: Profile | None) -> Figure:
                             alpha=0.8,
                             label="_model",
                         )
-        c = ceil.get("per_ssd_count", {}).get(str(n), {}) if ceil else {}
-        if c.get("direct_write_Bps"):
+        c = ceil.at(DIRECT_WRITE, n) if ceil else None
+        if c is not None and c.Bps:
             bx.axhline(
-                c["direct_write_Bps"] / 1e9,
+                c.Bps / 1e9,
                 color="0.4",
                 linewidth=0.7,
                 linestyle=(0, (1, 2)),
-                label=f"O_DIRECT ceiling, {n} target(s), 1 process",
+                label=f"{DIRECT_WRITE.label} ceiling, {n} target(s), 1 process",
             )
         for a in (ax, bx):
             a.set_xticks(ks)

@@ -1,7 +1,7 @@
 """'This machine' calibrated from a measured run (`from_run`): the model's inputs from the
 run's device ceilings, never from the engines' own rows, so that `model_vs_measured` is a
 prediction; `near` narrows them to the ceilings probed around one workload. Imports
-analysis.stats, analysis.cost and analysis.model.profiles.
+analysis.cost, analysis.model.profiles and the typed ceilings (bench.measure.ceilings).
 """
 
 from __future__ import annotations
@@ -13,13 +13,26 @@ import numpy as np
 
 from analysis import cost
 from analysis.model.profiles import GB, THIS_MACHINE, Profile
-from analysis.stats import device_ceiling
 from bench.common.errors import UserError
+from bench.measure.ceilings import (
+    BUFFERED_WRITE,
+    BUFFERED_WRITE_1,
+    COPY,
+    D2H,
+    DIRECT_WRITE,
+    KINDS,
+    SERIALIZE,
+    Ceilings,
+    Kind,
+    Probe,
+    RunCeilings,
+)
 
 
-def _ceiling(env: dict[str, Any], key: str) -> float | None:
-    """One target's (or the host's) ceiling from env.json["ceilings"], if the run has one."""
-    return device_ceiling(env, key, 1, True)
+def _best(c: Ceilings, kind: Kind, n: int = 1) -> float | None:
+    """The ceiling (B/s) of `kind` (of n targets) in `c`, if it has one."""
+    m = c.at(kind, n)
+    return float(m.Bps) if m is not None and m.Bps > 0 else None
 
 
 def from_run(run: Any) -> Profile:
@@ -31,84 +44,69 @@ def from_run(run: Any) -> Profile:
     buffered + fsync ceilings of n targets; z: the torch.save ceiling. A run without ceilings
     (made before they were measured) falls back on its single-copy engine's rows, and says so.
     """
-    c = run.env.get("ceilings")
-    if not c or not c.get("per_ssd_count"):
+    measured = RunCeilings.from_env(run.env)
+    c, after = measured.before, measured.after
+    if c is None or not c.counts:
         return _from_rows(run)
-    after = run.env.get("ceilings_after") or {}
     rid, tag = run.run_id, "from run"
     shared = bool(run.shared_device)
 
-    def typical(block: dict[str, Any], key: str) -> float | None:
-        """What the device typically does (the median of the chosen configuration's runs),
-        not the best run the efficiencies are judged against: the model predicts medians."""
-        runs_ = block.get(f"{key}_runs")
-        if runs_:
-            return float(np.median(runs_))
-        v = block.get(f"{key}_median_Bps") or block.get(f"{key}_Bps")
-        return float(v) if v else None
+    def typical(kind: Kind, n: int | None = None) -> list[float]:
+        """What the device typically did before and after the sweep (the median of the chosen
+        configuration's runs), not the best run the efficiencies are judged against: the
+        model predicts medians."""
+        got = (m.median() for b in (c, after) if b is not None and (m := b.at(kind, n)))
+        return [v for v in got if v]
 
-    def both(n: str, key: str) -> float | None:
-        vals = [
-            v
-            for v in (
-                typical(c["per_ssd_count"].get(n, {}), key),
-                typical(after.get("per_ssd_count", {}).get(n, {}), key),
-            )
-            if v
-        ]
+    def both(n: int, kind: Kind) -> float | None:
+        vals = typical(kind, n)
         return float(np.mean(vals)) if vals else None
 
-    per_n = sorted(int(n) for n in c["per_ssd_count"])
-    direct = tuple((n, v) for n in per_n if (v := both(str(n), "direct_write")))
-    buffered = tuple((n, v) for n in per_n if (v := both(str(n), "buffered_write")))
+    per_n = sorted(c.counts)
+    direct = tuple((n, v) for n in per_n if (v := both(n, DIRECT_WRITE)))
+    buffered = tuple((n, v) for n in per_n if (v := both(n, BUFFERED_WRITE)))
     single = []
     for n in per_n:
         ones = [
-            v
-            for blk, top in ((c, c), (after, after))
-            if (
-                v := _probe_point(blk.get("per_ssd_count", {}).get(str(n), {}), top).get(
-                    "buffered_write_1_Bps"
-                )
-            )
+            v for b in (c, after) if b is not None and (v := _point(b, n).get(BUFFERED_WRITE_1))
         ]
         if ones:
             single.append((n, float(np.mean(ones))))
-    copies = [v for v in (typical(c, "copy"), typical(after, "copy")) if v]
+    copies = typical(COPY)
     if not direct or not copies:  # a ceiling that failed (env.json ceilings_error)
         return _from_rows(run)
     copy = float(np.mean(copies))
-    d2h = float(np.mean([v for v in (typical(c, "d2h"), typical(after, "d2h")) if v] or [copy]))
-    ser = [v for v in (typical(c, "serialize"), typical(after, "serialize")) if v]
+    d2h = float(np.mean(typical(D2H) or [copy]))
+    ser = typical(SERIALIZE)
     n_min, w_min = direct[0]
     emu = " (host-emulated: a host memory copy)" if run.emulated else ""
-    threads = c.get("copy_threads", 1)
+    threads = c.method.copy_threads or 1
     sources = {
         "d2h_GBps": (
             tag,
             f"env.json ceilings of run {rid}: "
             + (
-                "d2h_runs"
-                if c.get("d2h_Bps")
-                else f"copy_runs{emu}, {threads} threads as the snapshot"
+                "the device-to-host runs"
+                if _best(c, D2H)
+                else f"the copy runs{emu}, {threads} threads as the snapshot"
             )
             + ", the median of before and after the sweep",
         ),
         "ssd_write_GBps": (
             tag,
-            f"env.json ceilings.direct_write_Bps of {n_min} target(s), run {rid}"
+            f"env.json ceilings: the {DIRECT_WRITE.label} ceiling of {n_min} target(s), run {rid}"
             + (" (all targets on one device)" if shared else f", divided by {n_min}"),
         ),
         "ssds_per_gpu": (tag, "distinct devices under the run's targets (env.json storage)"),
         "gpus_sharing_host": ("assumed", "one process checkpoints at a time"),
-        "host_copy_GBps": (tag, f"env.json ceilings.copy_runs of run {rid} (median)"),
+        "host_copy_GBps": (tag, f"env.json ceilings: the copy runs of run {rid} (median)"),
         "checkpoint_size": (tag, "the largest checkpoint of the run"),
     }
     n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
+    z = _best(c, SERIALIZE)
     notes = [
         f"W(n) and P(n) as measured for n = {', '.join(str(n) for n, _ in direct)} "
-        "target(s); z = torch.save into memory "
-        + (f"{c['serialize_Bps'] / GB:.2f} GB/s" if c.get("serialize_Bps") else "(not measured)")
+        "target(s); z = torch.save into memory " + (f"{z / GB:.2f} GB/s" if z else "(not measured)")
     ]
     if shared:
         notes.append("all targets share one device: SSD-count scaling is not real")
@@ -136,24 +134,20 @@ def from_run(run: Any) -> Profile:
     )
 
 
-def _probe_point(block: dict[str, Any], top: dict[str, Any]) -> dict[str, float]:
-    """The ceilings measured before or after the sweep for one target count, in the keys of a
-    probe (bench.measure.ceiling.probe): the median of the chosen configuration's runs."""
-    out: dict[str, float] = {}
-    for mode in ("direct_write", "buffered_write"):
-        runs_ = block.get(f"{mode}_runs")
-        if runs_:
-            out[f"{mode}_Bps"] = float(np.median(runs_))
-    one = [r["Bps"] for r in block.get("buffered_write_search", []) if r.get("jobs") == 1]
-    if block.get("buffered_write_config", {}).get("jobs") == 1 and "buffered_write_Bps" in out:
-        one = [out["buffered_write_Bps"]]
-    if one:
-        out["buffered_write_1_Bps"] = float(one[0])
-    for key in ("copy", "d2h", "serialize"):
-        runs_ = top.get(f"{key}_runs")
-        if runs_:
-            out[f"{key}_Bps"] = float(np.median(runs_))
+def _point(c: Ceilings, n: int) -> dict[Kind, float]:
+    """What the ceilings measured before or after the sweep say of n targets at that point in
+    time, as a probe would: each kind's median of the runs it kept (measured or derived)."""
+    out = {}
+    for kind in KINDS:
+        m = c.at(kind, n)
+        if m is not None and m.runs:
+            out[kind] = m.median()
     return out
+
+
+def _probed(p: Probe) -> dict[Kind, float]:
+    """What a probe says: each kind's ceiling as the probe settled it."""
+    return {kind: float(m.Bps) for kind in KINDS if (m := p.at(kind)) is not None and m.Bps}
 
 
 def near(p: Profile, run: Any, workload: str, n: int) -> Profile:
@@ -163,20 +157,18 @@ def near(p: Profile, run: Any, workload: str, n: int) -> Profile:
     the ceilings after), the median of those three. The disk of a VM drifts 2x within the
     hour; a model calibrated once for the whole run misses by that much. `p` unchanged when
     the run has no probes (older runs, probes off, multi-rank runs)."""
-    probes = [q for q in run.env.get("ceilings_probes") or [] if q.get("n_targets") == n]
-    at = [i for i, q in enumerate(probes) if q.get("workload") == workload]
+    measured = RunCeilings.from_env(run.env)
+    probes = [q for q in measured.probes if q.n_targets == n]
+    at = [i for i, q in enumerate(probes) if q.workload == workload]
     if not at:
         return p
-    before, after = (
-        _probe_point((c := run.env.get(key) or {}).get("per_ssd_count", {}).get(str(n), {}), c)
-        for key in ("ceilings", "ceilings_after")
-    )
-    seq = [before, *probes, after]
+    before, after = (_point(c, n) if c else {} for c in (measured.before, measured.after))
+    seq = [before, *(_probed(q) for q in probes), after]
     k = at[-1] + 1
     window = seq[k - 1 : k + 2]
 
-    def med(key: str) -> float | None:
-        vals = [float(q[key]) for q in window if q.get(key)]
+    def med(kind: Kind) -> float | None:
+        vals = [q[kind] for q in window if q.get(kind)]
         return float(np.median(vals)) if vals else None
 
     def put(pairs: tuple[tuple[int, float], ...], v: float | None) -> tuple[tuple[int, float], ...]:
@@ -184,16 +176,16 @@ def near(p: Profile, run: Any, workload: str, n: int) -> Profile:
             return pairs
         return tuple(sorted({**dict(pairs), n: v}.items()))
 
-    copy = med("copy_Bps") or p.host_copy_Bps
-    d2h = med("d2h_Bps") or (copy if run.emulated else p.d2h_Bps)
+    copy = med(COPY) or p.host_copy_Bps
+    d2h = med(D2H) or (copy if run.emulated else p.d2h_Bps)
     return replace(
         p,
-        direct_by_n=put(p.direct_by_n, med("direct_write_Bps")),
-        buffered_by_n=put(p.buffered_by_n, med("buffered_write_Bps")),
-        buffered_single_by_n=put(p.buffered_single_by_n, med("buffered_write_1_Bps")),
+        direct_by_n=put(p.direct_by_n, med(DIRECT_WRITE)),
+        buffered_by_n=put(p.buffered_by_n, med(BUFFERED_WRITE)),
+        buffered_single_by_n=put(p.buffered_single_by_n, med(BUFFERED_WRITE_1)),
         host_copy_Bps=copy,
         d2h_Bps=d2h,
-        serialize_Bps=med("serialize_Bps") or p.serialize_Bps,
+        serialize_Bps=med(SERIALIZE) or p.serialize_Bps,
     )
 
 
@@ -222,15 +214,17 @@ def _from_rows(run: Any) -> Profile:
     tag = "from run"
     rid = run.run_id
     snap_src = f"median total_bytes / stall_s of cpu-single over {len(cs)} rows of run {rid}"
-    d2h = _ceiling(run.env, "d2h_Bps")
-    copy = _ceiling(run.env, "copy_Bps")
-    direct = _ceiling(run.env, "direct_write_Bps")
+    before = RunCeilings.from_env(run.env).before or Ceilings()
+    d2h, copy, direct = (_best(before, kind) for kind in (D2H, COPY, DIRECT_WRITE))
     emu = " (host-emulated: a host memory copy)" if run.emulated else ""
     sources = {
-        "d2h_GBps": (tag, f"env.json ceilings.d2h_Bps of run {rid}")
+        "d2h_GBps": (tag, f"env.json ceilings: the {D2H.label} ceiling of run {rid}")
         if d2h
         else (tag, f"snapshot bandwidth{emu}: {snap_src}"),
-        "ssd_write_GBps": (tag, f"env.json ceilings.direct_write_Bps of run {rid}")
+        "ssd_write_GBps": (
+            tag,
+            f"env.json ceilings: the {DIRECT_WRITE.label} ceiling of 1 target, run {rid}",
+        )
         if direct
         else (
             tag,
@@ -239,7 +233,7 @@ def _from_rows(run: Any) -> Profile:
         ),
         "ssds_per_gpu": (tag, "distinct devices under the run's targets (env.json storage)"),
         "gpus_sharing_host": ("assumed", "one process checkpoints at a time"),
-        "host_copy_GBps": (tag, f"env.json ceilings.copy_Bps of run {rid}")
+        "host_copy_GBps": (tag, f"env.json ceilings: the copy ceiling of run {rid}")
         if copy
         else (tag, "assumed equal to the snapshot bandwidth (no copy ceiling in env.json)"),
         "checkpoint_size": (tag, "the largest checkpoint of the run"),

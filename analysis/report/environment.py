@@ -7,23 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common.sizes import format_size
+from bench.measure.ceilings import Ceilings, RunCeilings
 
 
-def _ceilings_text(c: Any, prefix: str = "") -> str:
-    """env.json ceilings, flattened, with *_Bps in GB/s."""
-    if not isinstance(c, dict):
-        return str(c)
-    parts = []
-    for k, v in c.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            parts.append(_ceilings_text(v, f"{name}."))
-        elif k.endswith("_Bps") and isinstance(v, int | float):
-            parts.append(f"{name[:-4]} {v / 1e9:.2f} GB/s")
-        elif k.endswith("_runs") and isinstance(v, list):
-            parts.append(f"{name} {' '.join(f'{x / 1e9:.2f}' for x in v)} GB/s")
-        else:
-            parts.append(f"{name} {v}")
+def _ceilings_text(c: Ceilings) -> str:
+    """The ceilings measured before the sweep: how, then every measurement in GB/s (its runs,
+    its configuration)."""
+    parts = [f"{k} {v}" for k, v in c.method.to_json().items()]
+    for kind, n, m in c.measured():
+        where = f"{n} target(s): " if n is not None else ""
+        detail = [f"runs {' '.join(f'{r / 1e9:.2f}' for r in m.runs)} GB/s"] if m.runs else []
+        detail += [m.writers.describe()] if m.writers else []
+        parts.append(
+            f"{where}{kind.label} {m.Bps / 1e9:.2f} GB/s"
+            + (f" ({', '.join(detail)})" if detail else "")
+        )
     return "; ".join(parts)
 
 
@@ -69,8 +67,9 @@ def env_rows(env: dict[str, Any]) -> list[list[str]]:
             "targets share one device",
             "YES: SSD-count scaling is not real" if st["shared_device"] else "no",
         )
-    if env.get("ceilings"):
-        add("device ceilings", _ceilings_text(env["ceilings"]))
+    before = RunCeilings.from_env(env).before
+    if before is not None:
+        add("device ceilings", _ceilings_text(before))
     g = env.get("git", {})
     add("git", f"{g.get('commit', '?')}" + (" (dirty)" if g.get("dirty") else ""))
     add("packages", ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items()))

@@ -76,10 +76,6 @@ class Traits:
         rest = 2.0 * passes + back
         return (land, rest) if self.stall == "snapshot" else (land + rest, 0.0)
 
-    def write_ceiling(self) -> str:
-        """The device ceiling its write is judged against (a key of env.json `ceilings`)."""
-        return "buffered_write" if self.page_cache else "direct_write"
-
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

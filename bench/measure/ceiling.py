@@ -21,14 +21,17 @@ for the kind of work the engines do, so that every engine row can be read as a f
 - Serialisation (the baselines' own ceiling): torch.save of a state of the checkpoint's tensor
   size into memory, no disk: what a torch.save-based path cannot exceed before its write.
 
-Bandwidths are bytes per second, measured as bytes / wall time to durability. `measure` returns
-the block env.json keeps as `ceilings`; `remeasure` repeats the chosen configurations after the
-sweep (`ceilings_after`), since a disk's speed can drift within the hour.
+Bandwidths are bytes per second, measured as bytes / wall time to durability. Each kind of
+bench.measure.ceilings.KINDS has its function here (`MEASURERS`). `measure` returns the
+`Ceilings` env.json keeps as `ceilings`, and, given their chosen configurations, those after the
+sweep (`ceilings_after`: a disk's speed can drift within the hour); `probe` the `Probe` of one
+workload's targets.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -36,13 +39,32 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from bench.common.devices import Device
+from bench.measure import ceilings
+from bench.measure.ceilings import (
+    BUFFERED_WRITE,
+    BUFFERED_WRITE_1,
+    COPY,
+    D2H,
+    DIRECT_WRITE,
+    SERIALIZE,
+    Ceilings,
+    Count,
+    Kind,
+    Measured,
+    Method,
+    Probe,
+    Tried,
+    Writers,
+)
 from bench.storage import odirect, pacing
 from bench.storage.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
 
@@ -265,17 +287,15 @@ def builtin_write(
 
 def copy_bandwidth(
     nbytes: int,
-    device: Device,
     reps: int = COPY_REPS,
     threads: int = 1,
     keep: dict[int, Any] | None = None,
-) -> dict[str, Any]:
-    """Copy bandwidth into a warm host buffer with the snapshot's own mechanism (pieces over
-    `threads` threads), and on CUDA device-to-host into exactly pinned memory: one untimed copy
-    first, then the best of `reps` (every run kept, B/s). `keep`: host buffers kept there for
-    the next call of the same size (the caller releases them with `release`), so that a probe
-    repeated through a sweep does not fault in fresh memory each time."""
-    out: dict[str, Any] = {}
+) -> list[float]:
+    """Copy bandwidth (B/s of each run) into a warm host buffer with the snapshot's own
+    mechanism (pieces over `threads` threads): one untimed copy first, then `reps` timed ones.
+    `keep`: host buffers kept there for the next call of the same size (the caller releases
+    them with `release`), so that a probe repeated through a sweep does not fault in fresh
+    memory each time."""
     if keep is not None and nbytes in keep:
         dst, src_buf = keep[nbytes]
     else:
@@ -313,30 +333,29 @@ def copy_bandwidth(
         del src
         if keep is None:
             release({0: (dst, src_buf)})
-    out["copy_Bps"] = nbytes / min(times)
-    out["copy_runs"] = [round(nbytes / t) for t in times]
-    out["copy_threads"] = threads
-    if device.is_cuda:
-        # Into memory pinned as the engines pin their staging (exactly, with cudaHostRegister),
-        # released afterwards: torch's pin_memory would keep the block pinned in its cache.
-        buf = PinnedBuffer(nbytes)
-        try:
-            pinned = torch.from_numpy(buf.array)[:nbytes]
-            dev = torch.empty(nbytes, dtype=torch.uint8, device=device.torch_device).fill_(3)
-            pinned.copy_(dev, non_blocking=True)  # warm-up
-            times = []
-            for _ in range(reps):
-                device.synchronize()
-                t0 = time.perf_counter_ns()
-                pinned.copy_(dev, non_blocking=True)
-                device.synchronize()
-                times.append((time.perf_counter_ns() - t0) / 1e9)
-            del pinned, dev
-        finally:
-            buf.close()
-        out["d2h_Bps"] = nbytes / min(times)
-        out["d2h_runs"] = [round(nbytes / t) for t in times]
-    return out
+    return [nbytes / t for t in times]
+
+
+def d2h_bandwidth(nbytes: int, device: Device, reps: int = COPY_REPS) -> list[float]:
+    """Device-to-host bandwidth (B/s of each run) into memory pinned as the engines pin their
+    staging (exactly, with cudaHostRegister), released afterwards (torch's pin_memory would
+    keep the block pinned in its cache): one untimed copy first, then `reps` timed ones."""
+    buf = PinnedBuffer(nbytes)
+    try:
+        pinned = torch.from_numpy(buf.array)[:nbytes]
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=device.torch_device).fill_(3)
+        pinned.copy_(dev, non_blocking=True)  # warm-up
+        times = []
+        for _ in range(reps):
+            device.synchronize()
+            t0 = time.perf_counter_ns()
+            pinned.copy_(dev, non_blocking=True)
+            device.synchronize()
+            times.append((time.perf_counter_ns() - t0) / 1e9)
+        del pinned, dev
+    finally:
+        buf.close()
+    return [nbytes / t for t in times]
 
 
 def release(keep: dict[int, Any]) -> None:
@@ -347,9 +366,10 @@ def release(keep: dict[int, Any]) -> None:
     keep.clear()
 
 
-def serialize_bandwidth(nbytes: int, tensor_bytes: int, reps: int = 3) -> dict[str, Any]:
+def serialize_bandwidth(nbytes: int, tensor_bytes: int, reps: int = 3) -> list[float]:
     """torch.save of `nbytes` of random float32 tensors of `tensor_bytes` each into memory (no
-    disk): the rate a torch.save-based path cannot exceed before it writes. Best of `reps`."""
+    disk), B/s of each of `reps` runs after a warm-up: the rate a torch.save-based path cannot
+    exceed before it writes."""
     n = max(1, nbytes // max(tensor_bytes, 4))
     each = max(1, min(tensor_bytes, nbytes) // 4)
     raw = random_bytes(n * each * 4)
@@ -366,10 +386,7 @@ def serialize_bandwidth(nbytes: int, tensor_bytes: int, reps: int = 3) -> dict[s
         torch.save(state, sink)
         times.append((time.perf_counter_ns() - t0) / 1e9)
     total = n * each * 4
-    return {
-        "serialize_Bps": total / min(times),
-        "serialize_runs": [round(total / t) for t in times],
-    }
+    return [total / t for t in times]
 
 
 def probe_bytes(checkpoint_bytes: int, min_bytes: int, max_bytes: int) -> int:
@@ -378,66 +395,183 @@ def probe_bytes(checkpoint_bytes: int, min_bytes: int, max_bytes: int) -> int:
     return min(max(checkpoint_bytes, min_bytes), max(max_bytes, min_bytes))
 
 
+# -- each kind's measurement -------------------------------------------------------------------
+
+# fio_write or builtin_write: (targets, file_bytes, block, direct, jobs, depth, caps, seconds)
+Write = Callable[..., float]
+
+
+@dataclass(frozen=True)
+class Session:
+    """What the measurer of each kind gets: where and how this measurement runs."""
+
+    write: Write  # the storage runs' tool
+    device: Device
+    targets: list[str]  # written at once, one file each (a storage kind's)
+    share: int  # each target's file
+    block: int  # each write
+    nbytes: int  # the checkpoint's bytes
+    caps: list[int | None] | None = None  # each target's write cap
+    drop: Callable[[], Any] | None = None  # empties the page cache before each storage run
+    repetitions: int = 3  # runs of the configuration a search chose
+    max_seconds: float | None = MAX_SECONDS  # a storage run issues no write after this
+    copy_threads: int = 1
+    tensor_bytes: int = 64 << 20
+    grids: Mapping[Kind, Sequence[Writers]] = field(default_factory=dict)  # what is searched
+    chosen: Mapping[Kind, Writers] = field(default_factory=dict)  # run again, no search
+    # A probe between workloads: the chosen configurations only, once (the page-cache writes
+    # PROBE_RUNS times), the copy the median of 3 into buffers kept in `keep`, no serialisation.
+    probe: bool = False
+    keep: dict[int, Any] | None = None
+    progress: Callable[[str], Any] | None = None  # called after each storage run
+
+    def run(self, kind: Kind, direct: bool, w: Writers) -> float:
+        """One storage run of `kind` (B/s), the page cache emptied first where it can be."""
+        if self.drop:
+            self.drop()
+        bw = self.write(
+            self.targets,
+            self.share,
+            self.block,
+            direct,
+            w.jobs,
+            w.iodepth,
+            self.caps,
+            self.max_seconds,
+        )
+        if self.progress:
+            self.progress(
+                f"{kind.name.replace('_', ' ')} x{len(self.targets)}: {bw / 1e9:.2f} GB/s"
+            )
+        return bw
+
+
+def _storage(s: Session, kind: Kind, direct: bool, probe_runs: int) -> Measured | None:
+    """Before and after the sweep: a search over the kind's grid once each (when it has more
+    than one configuration), then the best configuration `repetitions` times, or the chosen
+    one alone. In a probe: the chosen configuration `probe_runs` times (none chosen: None)."""
+    chosen = s.chosen.get(kind)
+    if s.probe:
+        if chosen is None:
+            return None
+        return Measured.best_of(
+            [round(s.run(kind, direct, chosen)) for _ in range(probe_runs)], chosen
+        )
+    configs = [chosen] if chosen else list(s.grids[kind])
+    if direct:  # a depth beyond a writer's blocks is the same run: measured once, as it ran
+        configs = list(
+            dict.fromkeys(
+                Writers(w.jobs, queue_depth(s.share, s.block, w.jobs, w.iodepth)) for w in configs
+            )
+        )
+    search = []
+    if len(configs) > 1:
+        search = [Tried(w, round(s.run(kind, direct, w))) for w in configs]
+        writers = max(search, key=lambda t: t.Bps).writers
+    else:
+        writers = configs[0]
+    runs = [s.run(kind, direct, writers) for _ in range(s.repetitions)]
+    return Measured.best_of(runs, writers, search)
+
+
+def direct_write(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """O_DIRECT writes (fio `direct=1, ioengine=libaio`)."""
+    return _storage(s, DIRECT_WRITE, True, 1)
+
+
+def buffered_write(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """Buffered writes ended by fsync (fio `direct=0, ioengine=psync, end_fsync=1`), the best
+    of PROBE_RUNS in a probe."""
+    return _storage(s, BUFFERED_WRITE, False, PROBE_RUNS)
+
+
+def buffered_write_1(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """Buffered writes by one writer, in a probe: what torch.save and safetensors are (the same
+    runs as `buffered_write` where that kept one writer). Before and after the sweep the
+    buffered search's run of one writer stands for it (BUFFERED_WRITE_1.derive): None."""
+    b = got.get(BUFFERED_WRITE)
+    if not s.probe or b is None:
+        return None
+    if b.writers is not None and b.writers.jobs == 1:
+        return b
+    one = Writers(1)
+    runs = [round(s.run(BUFFERED_WRITE_1, False, one)) for _ in range(PROBE_RUNS)]
+    return Measured.best_of(runs, one)
+
+
+def _memory(s: Session, runs: Callable[[int, int], list[float]]) -> Measured:
+    """A memory ceiling of the checkpoint's size up to PROBE_COPY_BYTES: the best of COPY_REPS,
+    or in a probe the median of 3; `runs(nbytes, reps)` measures it."""
+    each = min(s.nbytes, PROBE_COPY_BYTES)
+    if s.probe:
+        return Measured.median_of(runs(each, 3))
+    return Measured.best_of(runs(each, COPY_REPS))
+
+
+def copy(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """A copy into a warm host buffer by the snapshot's mechanism and threads."""
+    return _memory(s, lambda n, reps: copy_bandwidth(n, reps, s.copy_threads, s.keep))
+
+
+def d2h(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """On CUDA, a device-to-host copy into exactly pinned memory; elsewhere none."""
+    if not s.device.is_cuda:
+        return None
+    return _memory(s, lambda n, reps: d2h_bandwidth(n, s.device, reps))
+
+
+def serialize(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """torch.save into memory, best of 3, before and after the sweep only (on these machines it
+    is several times the disk: a probe leaves it out)."""
+    if s.probe:
+        return None
+    return Measured.best_of(serialize_bandwidth(min(s.nbytes, 256 << 20), s.tensor_bytes))
+
+
+# How each kind of bench.measure.ceilings.KINDS is measured (tests/test_ceiling.py checks that
+# every kind has its measurer): the function, given the session and what was measured before it
+# with the same targets, returns the measurement or None (not here, not in a probe).
+MEASURERS: dict[Kind, Callable[[Session, Mapping[Kind, Measured]], Measured | None]] = {
+    DIRECT_WRITE: direct_write,
+    BUFFERED_WRITE: buffered_write,
+    BUFFERED_WRITE_1: buffered_write_1,
+    D2H: d2h,
+    COPY: copy,
+    SERIALIZE: serialize,
+}
+# The storage kinds searched before the sweep and their default grids, (writers per target,
+# depth): the config's `ceilings.direct_search` and `ceilings.buffered_jobs` replace them.
+GRIDS: dict[Kind, list[tuple[int, int]]] = {
+    DIRECT_WRITE: DIRECT_SEARCH,
+    BUFFERED_WRITE: BUFFERED_SEARCH,
+}
+
+
+def _measure_kinds(s: Session, storage: bool) -> dict[Kind, Measured]:
+    """Every kind of the storage (or host) ones, in KINDS order, each given those before it."""
+    got: dict[Kind, Measured] = {}
+    for kind in ceilings.KINDS:
+        if kind.storage == storage:
+            m = MEASURERS[kind](s, got)
+            if m is not None:
+                got[kind] = m
+    return got
+
+
 def storage_runs(
     ssd_counts: list[int],
-    direct_search: list[Any],
-    buffered_jobs: list[int],
+    grids: Mapping[Kind, Sequence[Sequence[int]]],
     repetitions: int,
     searched: bool = True,
 ) -> int:
-    """How many storage runs `measure` makes: per SSD count, the search (when it has more than
-    one configuration and `searched`) and the repetitions of the chosen one, O_DIRECT and
-    buffered."""
+    """How many storage runs `measure` makes: per SSD count, for each searched kind the search
+    (when its grid, `grids` or the default, has more than one configuration and `searched`) and
+    the repetitions of the chosen configuration."""
     n = 0
-    for grid in (len(direct_search), len(buffered_jobs)):
+    for kind, default in GRIDS.items():
+        grid = len(grids.get(kind) or default)
         n += (grid if searched and grid > 1 else 0) + repetitions
     return n * len(set(ssd_counts))
-
-
-def _storage(
-    write: Any,
-    targets: list[str],
-    share: int,
-    block: int,
-    direct: bool,
-    configs: list[tuple[int, int]],
-    caps: list[int | None] | None,
-    drop: Any,
-    repetitions: int,
-    seconds: float | None = None,
-    progress: Any = None,
-) -> dict[str, Any]:
-    """Search `configs` once each (when more than one), then run the best `repetitions` times;
-    the ceiling is the best run. `progress(label)` is called after each run."""
-    mode = "direct_write" if direct else "buffered_write"
-
-    def run(jobs: int, depth: int) -> float:
-        if drop:
-            drop()
-        bw = write(targets, share, block, direct, jobs, depth, caps, seconds)
-        if progress:
-            progress(f"{mode.replace('_', ' ')} x{len(targets)}: {bw / 1e9:.2f} GB/s")
-        return bw
-
-    if direct:  # a depth beyond a writer's blocks is the same run: measured once, as it ran
-        configs = list(dict.fromkeys((j, queue_depth(share, block, j, q)) for j, q in configs))
-    search = []
-    if len(configs) > 1:
-        for jobs, depth in configs:
-            search.append({"jobs": jobs, "iodepth": depth, "Bps": round(run(jobs, depth))})
-        best = max(search, key=lambda r: r["Bps"])
-        jobs, depth = best["jobs"], best["iodepth"]
-    else:
-        jobs, depth = configs[0]
-    runs = [run(jobs, depth) for _ in range(repetitions)]
-    all_ = runs + [r["Bps"] for r in search if (r["jobs"], r["iodepth"]) == (jobs, depth)]
-    return {
-        f"{mode}_Bps": max(all_),
-        f"{mode}_median_Bps": float(np.median(runs)),
-        f"{mode}_runs": [round(b) for b in runs],
-        f"{mode}_config": {"jobs": jobs, "iodepth": depth},
-        **({f"{mode}_search": search} if search else {}),
-    }
 
 
 def measure(
@@ -453,65 +587,62 @@ def measure(
     min_bytes: int = 1 << 30,
     copy_threads: int = 1,
     tensor_bytes: int = 64 << 20,
-    configs: dict[str, Any] | None = None,
-    direct_search: list[tuple[int, int]] | None = None,
-    buffered_jobs: list[int] | None = None,
+    configs: Mapping[int, Mapping[Kind, Writers]] | None = None,
+    grids: Mapping[Kind, Sequence[Sequence[int]]] | None = None,
     max_bytes: int = MAX_BYTES,
     max_seconds: float | None = MAX_SECONDS,
     progress: Any = None,
-) -> dict[str, Any]:
-    """All ceilings for a run: per SSD count, direct and buffered write; copy (and D2H);
-    serialisation. `drop` (if given) is called before each storage measurement to empty the
-    page cache. `configs` (from an earlier `measure`) skips the search: {"N": {mode: {jobs,
-    iodepth}}}. `direct_search` (jobs, depth) and `buffered_jobs` replace the default grids.
-    Each storage run writes the checkpoint's bytes, at least `min_bytes` and at most
-    `max_bytes`, and stops issuing writes after `max_seconds`; `progress(label)` is called
-    after each (see `storage_runs` for how many there are)."""
+) -> Ceilings:
+    """All ceilings for a run: every kind of KINDS, the storage ones per SSD count. `drop` (if
+    given) is called before each storage run to empty the page cache. `configs` (an earlier
+    measurement's `Ceilings.chosen()`) skips the search; `grids` ((writers, depth) per searched
+    kind) replace the default ones (GRIDS). Each storage run writes the checkpoint's bytes, at
+    least `min_bytes` and at most `max_bytes`, and stops issuing writes after `max_seconds`;
+    `progress(label)` is called after each (see `storage_runs` for how many there are)."""
     version = fio_version() if use_fio else None
-    write = fio_write if version else builtin_write
-    per_n: dict[str, dict[str, Any]] = {}
+    base = Session(
+        fio_write if version else builtin_write,
+        device,
+        targets,
+        0,
+        block,
+        checkpoint_bytes,
+        drop=drop,
+        repetitions=repetitions,
+        max_seconds=max_seconds,
+        copy_threads=copy_threads,
+        tensor_bytes=tensor_bytes,
+        grids={
+            kind: [Writers(*c) for c in (grids or {}).get(kind) or default]
+            for kind, default in GRIDS.items()
+        },
+        progress=progress,
+    )
     total = probe_bytes(checkpoint_bytes, min_bytes, max_bytes)
+    counts = {}
     for n in sorted(set(ssd_counts)):
         share = max(block, -(-total // n) // block * block)
-        row: dict[str, Any] = {"file_bytes": share}
-        grids = (
-            (True, [tuple(c) for c in direct_search] if direct_search else DIRECT_SEARCH),
-            (False, [(j, 1) for j in buffered_jobs] if buffered_jobs else BUFFERED_SEARCH),
+        s = dataclasses.replace(
+            base,
+            targets=targets[:n],
+            share=share,
+            caps=caps[:n] if caps else None,
+            chosen=(configs or {}).get(n, {}),
         )
-        for direct, search in grids:
-            mode = "direct_write" if direct else "buffered_write"
-            chosen = (configs or {}).get(str(n), {}).get(mode)
-            todo = [(chosen["jobs"], chosen["iodepth"])] if chosen else search
-            row.update(
-                _storage(
-                    write,
-                    targets[:n],
-                    share,
-                    block,
-                    direct,
-                    todo,
-                    caps[:n] if caps else None,
-                    drop,
-                    repetitions,
-                    max_seconds,
-                    progress,
-                )
-            )
-        per_n[str(n)] = row
-    return {
-        "tool": version or "builtin",
-        "fio": fio_version(),
-        **({"fio_buffers": fio_env()[1]} if version else {}),
-        "block_bytes": block,
-        "checkpoint_bytes": checkpoint_bytes,
-        "min_bytes": min_bytes,
-        "max_bytes": max_bytes,
-        "max_seconds": max_seconds,
-        "repetitions": repetitions,
-        "per_ssd_count": per_n,
-        **copy_bandwidth(min(checkpoint_bytes, PROBE_COPY_BYTES), device, threads=copy_threads),
-        **serialize_bandwidth(min(checkpoint_bytes, 256 << 20), tensor_bytes),
-    }
+        counts[n] = Count(share, _measure_kinds(s, storage=True))
+    method = Method(
+        tool=version or "builtin",
+        fio=fio_version(),
+        fio_buffers=fio_env()[1] if version else None,
+        block_bytes=block,
+        checkpoint_bytes=checkpoint_bytes,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        max_seconds=max_seconds,
+        repetitions=repetitions,
+        copy_threads=copy_threads,
+    )
+    return Ceilings(counts, _measure_kinds(base, storage=False), method)
 
 
 def probe(
@@ -519,7 +650,7 @@ def probe(
     nbytes: int,
     block: int,
     device: Device,
-    configs: dict[str, Any],
+    configs: Mapping[Kind, Writers],
     use_fio: bool = True,
     drop: Any = None,
     caps: list[int | None] | None = None,
@@ -527,65 +658,33 @@ def probe(
     keep: dict[int, Any] | None = None,
     max_bytes: int = MAX_BYTES,
     max_seconds: float | None = MAX_SECONDS,
-) -> dict[str, Any]:
+) -> Probe:
     """The ceilings again, once, inside a sweep: the configurations chosen before the sweep
-    (`configs`: {mode: {jobs, iodepth}} for these targets), plus the page-cache path with a
-    single writer (what torch.save and safetensors are) and the copy ceiling (median of 3, of
-    at most 1 GiB, buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
+    (`configs`, for these targets), plus the page-cache path with a single writer (what
+    torch.save and safetensors are) and the copy ceiling (median of 3, of at most 1 GiB,
+    buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
     workload's rows from the probes around it, so that a disk that drifts 2x within the hour
-    drifts in the model too. Bandwidths in B/s: one run of O_DIRECT, the best of PROBE_RUNS
-    of each page-cache write (every run kept under `{mode}_runs`). (Serialisation is left to
-    the ceilings before and after: on these machines it is several times the disk.) The
-    storage runs are bounded as `measure`'s are (`max_bytes`, `max_seconds`)."""
+    drifts in the model too. One run of O_DIRECT, the best of PROBE_RUNS of each page-cache
+    write (every run kept). (Serialisation is left to the ceilings before and after: on these
+    machines it is several times the disk.) The storage runs are bounded as `measure`'s are
+    (`max_bytes`, `max_seconds`)."""
     write = fio_write if use_fio and fio_version() else builtin_write
     share = max(block, -(-min(nbytes, max_bytes) // len(targets)) // block * block)
-    out: dict[str, Any] = {"n_targets": len(targets), "file_bytes": share}
-    todo = [(m, configs[m]["jobs"], configs[m]["iodepth"]) for m in configs]
-    if "buffered_write" in configs and configs["buffered_write"]["jobs"] != 1:
-        todo.append(("buffered_write_1", 1, 1))
-    for mode, jobs, depth in todo:
-        runs = []
-        for _ in range(1 if mode == "direct_write" else PROBE_RUNS):
-            if drop:
-                drop()
-            direct = mode == "direct_write"
-            runs.append(round(write(targets, share, block, direct, jobs, depth, caps, max_seconds)))
-        out[f"{mode}_runs"] = runs
-        out[f"{mode}_Bps"] = max(runs)
-    if "buffered_write_1_Bps" not in out and "buffered_write_Bps" in out:
-        out["buffered_write_1_Bps"] = out["buffered_write_Bps"]
-        out["buffered_write_1_runs"] = out["buffered_write_runs"]
-    # At most PROBE_COPY_BYTES: its buffers stay allocated through the sweep.
-    each = min(nbytes, PROBE_COPY_BYTES)
-    copy = copy_bandwidth(each, device, reps=3, threads=copy_threads, keep=keep)
-    out["copy_Bps"] = float(np.median(copy["copy_runs"]))
-    if "d2h_runs" in copy:
-        out["d2h_Bps"] = float(np.median(copy["d2h_runs"]))
-    return out
-
-
-def chosen_configs(c: dict[str, Any]) -> dict[str, Any]:
-    """The configuration each storage ceiling settled on, to measure again without a search."""
-    return {
-        n: {
-            m: row[f"{m}_config"]
-            for m in ("direct_write", "buffered_write")
-            if f"{m}_config" in row
-        }
-        for n, row in c.get("per_ssd_count", {}).items()
-    }
-
-
-def drift(before: dict[str, Any], after: dict[str, Any], tolerance: float = 0.2) -> list[str]:
-    """Ceilings that moved by more than `tolerance` between before and after the sweep."""
-    out = []
-    for n, row in before.get("per_ssd_count", {}).items():
-        for m in ("direct_write", "buffered_write"):
-            a = after.get("per_ssd_count", {}).get(n, {}).get(f"{m}_Bps")
-            b = row.get(f"{m}_Bps")
-            if a and b and abs(a / b - 1) > tolerance:
-                out.append(
-                    f"{m.replace('_', ' ')} ceiling of {n} target(s) moved from "
-                    f"{b / 1e9:.2f} GB/s before the sweep to {a / 1e9:.2f} GB/s after"
-                )
-    return out
+    s = Session(
+        write,
+        device,
+        targets,
+        share,
+        block,
+        nbytes,
+        caps=caps,
+        drop=drop,
+        max_seconds=max_seconds,
+        copy_threads=copy_threads,
+        chosen=configs,
+        probe=True,
+        keep=keep,
+    )
+    # At most PROBE_COPY_BYTES of copy: its buffers stay allocated through the sweep.
+    kinds = {**_measure_kinds(s, storage=True), **_measure_kinds(s, storage=False)}
+    return Probe(len(targets), kinds, share)

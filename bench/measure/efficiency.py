@@ -4,10 +4,10 @@ analysis uses the very same function)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from bench.common.traits import BUILTIN, Traits
+from bench.measure.ceilings import Ceilings, RunCeilings
 
 BEATEN = 1.05  # an efficiency above this is a finding about the ceiling, not a score
 # The columns a row's judgement fills: judged again at the end of the sweep (`rejudge_csv`),
@@ -15,31 +15,28 @@ BEATEN = 1.05  # an efficiency above this is a finding about the ceiling, not a 
 JUDGED = ("write_efficiency", "snapshot_efficiency", "ceiling_beaten")
 
 
-def efficiency(
-    row: dict[str, Any], ceilings: dict[str, Any] | None, traits: Traits
-) -> tuple[Any, Any]:
+def efficiency(row: dict[str, Any], ceilings: Ceilings | None, traits: Traits) -> tuple[Any, Any]:
     """(write, snapshot) efficiency of a row against the ceilings, each None where it has none.
     The one definition every table, figure and the model's calibration use:
 
     - write efficiency: total_bytes / total_s (save() called until durable: the write end to
-      end) over the ceiling of the engine's kind of write (`traits.write_ceiling()`: O_DIRECT, or
-      buffered + fsync for page-cache paths) for the targets it wrote (one unless it stripes);
+      end) over the ceiling that judges the write of an engine with these traits (O_DIRECT, or
+      buffered + fsync for page-cache paths: bench.measure.ceilings.KINDS) for the targets it
+      wrote (one unless it stripes);
     - snapshot efficiency, for an engine whose stall is a snapshot: total_bytes / stall_s over
       the copy ceiling (device-to-host on CUDA).
     """
-    if not ceilings or not row.get("total_s"):
+    if ceilings is None or not row.get("total_s"):
         return None, None
-    tr = traits
-    n = int(row["n_targets"]) if tr.stripes else 1
-    c = ceilings.get("per_ssd_count", {}).get(str(n))
-    key = f"{tr.write_ceiling()}_Bps"
+    n = int(row["n_targets"]) if traits.stripes else 1
     write = None
-    if c and c.get(key):
-        write = round(row["total_bytes"] / row["total_s"] / c[key], 4)
+    w = ceilings.bound("write", traits, n)
+    if w:
+        write = round(row["total_bytes"] / row["total_s"] / w, 4)
     snapshot = None
-    copy = ceilings.get("d2h_Bps") or ceilings.get("copy_Bps")
-    if tr.stall == "snapshot" and not tr.from_device and copy and row.get("stall_s"):
-        snapshot = round(row["total_bytes"] / row["stall_s"] / copy, 4)
+    s = ceilings.bound("snapshot", traits, n)
+    if s and row.get("stall_s"):
+        snapshot = round(row["total_bytes"] / row["stall_s"] / s, 4)
     return write, snapshot
 
 
@@ -49,29 +46,11 @@ def beaten(*effs: Any) -> bool:
     return any(e is not None and e == e and e > BEATEN for e in effs)
 
 
-def best_ceilings(env: dict[str, Any]) -> dict[str, Any] | None:
+def best_ceilings(env: dict[str, Any]) -> Ceilings | None:
     """The ceilings efficiencies are judged against: the best of those measured before and after
     the sweep and of the probes between workloads (a ceiling is the best the device did; the
     disk may drift within the hour)."""
-    before = env.get("ceilings")
-    if not before:
-        return env.get("ceilings_after")
-    out = json.loads(json.dumps(before))
-    probes = [
-        {"per_ssd_count": {str(p["n_targets"]): p}, **p}
-        for p in env.get("ceilings_probes") or []
-        if isinstance(p, dict) and "n_targets" in p
-    ]
-    for other in [env.get("ceilings_after") or {}, *probes]:
-        for n, row in other.get("per_ssd_count", {}).items():
-            dst = out.setdefault("per_ssd_count", {}).setdefault(n, {})
-            for k in ("direct_write_Bps", "buffered_write_Bps"):
-                if isinstance(row.get(k), int | float):
-                    dst[k] = max(row[k], dst.get(k) or 0)
-        for k in ("copy_Bps", "d2h_Bps", "serialize_Bps"):
-            if isinstance(other.get(k), int | float):
-                out[k] = max(other[k], out.get(k) or 0)
-    return out
+    return RunCeilings.from_env(env).best()
 
 
 def rejudge_csv(path: str, env: dict[str, Any]) -> int:
@@ -84,7 +63,7 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
     import os
 
     best = best_ceilings(env)
-    if not best or not os.path.exists(path):
+    if best is None or not os.path.exists(path):
         return 0
     with open(path, newline="") as f:
         reader = csv.DictReader(f)

@@ -17,14 +17,15 @@ from bench.engines import REGISTRY
 from bench.measure import clock, detail, hostcost, results
 from bench.measure import efficiency as judge
 from bench.measure import timers as measure
+from bench.measure.ceilings import Ceilings
 from bench.measure.efficiency import beaten
 from bench.storage import verify
 
 
-def efficiency(row: dict[str, Any], ceilings: dict[str, Any] | None) -> tuple[Any, Any]:
+def efficiency(row: dict[str, Any], ceilings: Ceilings | None) -> tuple[Any, Any]:
     """The row's (write, snapshot) efficiency (bench.measure.efficiency), judged by the traits
     its engine declares; (None, None) without ceilings or a time to judge."""
-    if not ceilings or not row.get("total_s"):
+    if ceilings is None or not row.get("total_s"):
         return None, None
     return judge.efficiency(row, ceilings, REGISTRY[row["engine"]].traits)
 
@@ -117,7 +118,7 @@ def save_phase(
     eng: Any,
     state: Any,
     name: str,
-    ceilings: dict[str, Any] | None,
+    ceilings: Ceilings | None,
     after_save: Any = None,
     host: hostcost.Host | None = None,
 ) -> None:
@@ -234,7 +235,7 @@ def _num(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in rows if r.get(key) is not None]
 
 
-def aggregate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None = None) -> dict[str, Any]:
+def aggregate(rows: list[dict[str, Any]], ceilings: Ceilings | None = None) -> dict[str, Any]:
     """The aggregate row of one repetition from its per-rank rows (at least one).
 
     stall_s, total_s, restore_s, hash_s, wait_prev_s: the maximum over ranks (the job waits for

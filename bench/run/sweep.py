@@ -14,6 +14,7 @@ the gather do nothing (bench.run.core.LocalWorld).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
@@ -31,6 +32,7 @@ from bench.engines import REGISTRY
 from bench.measure import ceiling, hostcost, results
 from bench.measure import env as env_mod
 from bench.measure import timers as measure
+from bench.measure.ceilings import BUFFERED_WRITE, DIRECT_WRITE, Ceilings, Kind
 from bench.measure.clock import Clocked
 from bench.measure.efficiency import rejudge_csv
 from bench.run import distributed as dist
@@ -67,7 +69,7 @@ class Sweep:
         self.verdicts: dict[tuple[str, str, str], preflight.Verdict] = {}
         self._fingerprint: list[tuple[str, str]] | None = None  # the state's, for in-place
         self.preflight_block: dict[str, Any] = {}  # env.json `preflight`
-        self.ceilings: dict[str, Any] | None = None
+        self.ceilings: Ceilings | None = None
         self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
         self.cache_dropped = False
         self.done: set[tuple[str, bool, int]] = set()
@@ -351,25 +353,26 @@ class Sweep:
         if w.rank == 0:
             envb["preflight"] = self.preflight_block
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
-        ceil = w.agree(
+        measured = w.agree(
             "the ceilings",
             (lambda: self._ceilings(wls)) if measure_now else (lambda: None),
             timeout_s=dist.SETUP_TIMEOUT_S,
         )
+        kept = None
         if w.rank == 0:
-            if ceil is not None:
-                envb["ceilings"] = ceil
+            if measured is not None:
+                envb["ceilings"] = measured.to_json()
                 envb.pop("ceilings_error", None)
-            ceil = envb.get("ceilings")  # measured now, or by the run resumed
-        self.ceilings = w.all_gather(ceil, "the ceilings")[0]
+            kept = envb.get("ceilings")  # measured now, or by the run resumed
+        # Every rank judges against what env.json keeps, as analysis will.
+        kept = w.all_gather(kept, "the ceilings")[0]
+        self.ceilings = Ceilings.from_json(kept) if kept else None
         if w.rank == 0:
             if self.ranked:
                 envb["ranks"] = dist.ranks_block(self, nodes, paths_all)
             core.write_env()
 
-    def _ceilings(
-        self, wls: list[plan.Workload], again: dict[str, Any] | None = None
-    ) -> dict[str, Any] | None:
+    def _ceilings(self, wls: list[plan.Workload], again: Ceilings | None = None) -> Ceilings | None:
         """The device ceilings for this sweep (bench.measure.ceiling); `again`: the ceilings measured
         before, whose configurations are measured once more (after the sweep). When a probe
         cannot finish (a full disk, fio failing) None: a ceiling is a reference, not the
@@ -388,11 +391,7 @@ class Sweep:
             tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
             when = "after the sweep" if again else "first"
             runs = ceiling.storage_runs(
-                cfg.ssd_counts,
-                list(spec.direct_search),
-                list(spec.buffered_jobs),
-                spec.repetitions,
-                searched=again is None,
+                cfg.ssd_counts, _grids(spec), spec.repetitions, searched=again is None
             )
             each = ceiling.probe_bytes(largest, spec.min_bytes, spec.max_bytes)
             core.log(
@@ -440,9 +439,9 @@ class Sweep:
         threads: int,
         tensor: int,
         drop: Any,
-        again: dict[str, Any] | None,
+        again: Ceilings | None,
         progress: Any,
-    ) -> dict[str, Any]:
+    ) -> Ceilings:
         cfg = self.cfg
         return ceiling.measure(
             self.targets,
@@ -457,9 +456,8 @@ class Sweep:
             min_bytes=spec.min_bytes,
             copy_threads=threads,
             tensor_bytes=tensor,
-            configs=ceiling.chosen_configs(again) if again else None,
-            direct_search=list(spec.direct_search),
-            buffered_jobs=list(spec.buffered_jobs),
+            configs=again.chosen() if again else None,
+            grids=_grids(spec),
             max_bytes=spec.max_bytes,
             max_seconds=spec.max_seconds,
             progress=progress,
@@ -479,14 +477,14 @@ class Sweep:
     def _ceilings_after(self, wls: list[plan.Workload]) -> None:
         """Rank 0, after the sweep: the ceilings again, kept beside the first; a drift noted."""
         core = self.core
-        before = core.env.get("ceilings")
+        before = self.ceilings
         if not (self.cfg.ceilings.enabled and self.cfg.ceilings.after and before):
             return
         after = self._ceilings(wls, again=before)
         if after is None:
             return
-        core.env["ceilings_after"] = after
-        for d in ceiling.drift(before, after):
+        core.env["ceilings_after"] = after.to_json()
+        for d in before.drift(after):
             core.note(
                 f"the disk drifted during the run: {d}; efficiencies use the run's best ceiling"
             )
@@ -500,7 +498,7 @@ class Sweep:
         balloon, a buffered write into freshly dropped memory runs at half speed). A probe that
         fails is noted and the sweep goes on."""
         cfg, core = self.cfg, self.core
-        chosen = ceiling.chosen_configs(self.ceilings or {}).get(str(g.n))
+        chosen = self.ceilings.chosen().get(g.n) if self.ceilings else None
         if self.ranked or not (cfg.ceilings.enabled and cfg.ceilings.probes and chosen):
             return
         paths, idx = self.my_targets(g) or ([], [])
@@ -526,12 +524,13 @@ class Sweep:
             why = " ".join(str(e).split())[:200]
             core.note(f"the probe of {wl.id} over {g.n} target(s) failed: {why}")
             return
-        got.update(
+        got = dataclasses.replace(
+            got,
             workload=wl.id,
             unix_time=round(time.time(), 1),
             seconds=round((time.perf_counter_ns() - t0) / 1e9, 2),
         )
-        core.env.setdefault("ceilings_probes", []).append(got)
+        core.env.setdefault("ceilings_probes", []).append(got.to_json())
         core.write_env()
 
     # -- cases ---------------------------------------------------------------------------------
@@ -779,6 +778,14 @@ class Sweep:
             row["error"] = rows.error_text(e)
             if not isinstance(e, UserError | OSError):
                 self.core.warn(traceback.format_exc())
+
+
+def _grids(spec: config_mod.CeilingSpec) -> dict[Kind, list[tuple[int, int]]]:
+    """The searches the config asks for, by kind of ceiling: (writers per target, depth)."""
+    return {
+        DIRECT_WRITE: [(int(j), int(q)) for j, q in spec.direct_search],
+        BUFFERED_WRITE: [(int(j), 1) for j in spec.buffered_jobs],
+    }
 
 
 def summary_lines(run_dir: str, notes: list[str]) -> list[str]:
