@@ -19,6 +19,7 @@ from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.measure import results
 from bench.measure.clock import STALL_CLOCK
+from bench.measure.columns import as_bool, as_text
 from bench.measure.efficiency import best_ceilings as ceilings
 from bench.measure.efficiency import efficiency, engine_traits
 
@@ -150,17 +151,6 @@ def label(engine: str, tag: str) -> str:
     return f"{engine} [{tag}]" if tag else engine
 
 
-def _bool(s: pd.Series) -> pd.Series:
-    if s.dtype == bool:
-        return s
-    return s.astype(str).str.strip().str.lower().isin(["true", "1", "yes"])
-
-
-def _text(s: pd.Series, missing: str) -> pd.Series:
-    """A text column with `missing` for empty cells (pandas reads an all-empty column as NaN)."""
-    return s.astype(object).where(s.notna(), missing).astype(str)
-
-
 # Multi-rank columns and their value on rows of single-process runs that predate them.
 RANK_DEFAULTS = {
     "rank": 0,
@@ -181,17 +171,17 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
         if c not in df:
             df[c] = v
         elif isinstance(v, str):
-            df[c] = _text(df[c], v)
+            df[c] = as_text(df[c], v)
         elif isinstance(v, bool):
-            df[c] = _bool(df[c])
+            df[c] = as_bool(df[c])
         else:
             df[c] = df[c].fillna(v).astype(int)
     for c in ("warmup", "emulated", "verified", "checksums"):
         if c in df:
-            df[c] = _bool(df[c])
-    df["error"] = _text(df["error"], "")
+            df[c] = as_bool(df[c])
+    df["error"] = as_text(df["error"], "")
     # Runs before the mode column was filled for every engine left it empty for non-gds engines.
-    df["gds_mode"] = _text(df["gds_mode"], "none").replace("", "none")
+    df["gds_mode"] = as_text(df["gds_mode"], "none").replace("", "none")
     df["tag"] = [mode_tag(r) for _, r in df.iterrows()]
     df["label"] = [label(e, t) for e, t in zip(df["engine"], df["tag"], strict=True)]
     s = df["total_bytes"].astype(float)

@@ -22,10 +22,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.runs import _bool, _text, label, mode_tag, order_engines, read_env
+from analysis.runs import label, mode_tag, order_engines, read_env
 from analysis.stats import fmt
 from bench.common.errors import UserError
 from bench.measure import results
+from bench.measure.columns import as_bool, as_text
 
 STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
 NONE = "none"
@@ -96,9 +97,9 @@ def load(path: str) -> TrainingRun:
     for df in (steps, ckpts):
         for c in ("checkpoint", "during_persist", "warmup", "emulated"):
             if c in df:
-                df[c] = _bool(df[c])
-        df["gds_mode"] = _text(df.get("gds_mode", pd.Series("none", index=df.index)), "none")
-    ckpts["error"] = _text(ckpts.get("error", pd.Series("", index=ckpts.index)), "")
+                df[c] = as_bool(df[c])
+        df["gds_mode"] = as_text(df.get("gds_mode", pd.Series("none", index=df.index)), "none")
+    ckpts["error"] = as_text(ckpts.get("error", pd.Series("", index=ckpts.index)), "")
     env = read_env(path)
     run_id = str(steps["run_id"].iloc[0]) if "run_id" in steps else os.path.basename(path)
     return TrainingRun(os.path.abspath(path), run_id, steps, ckpts, env)
