@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.measure import results
+
 
 def _gb(b: float) -> str:
     return f"{b / 1e9:.2f}"
@@ -113,11 +115,7 @@ def merged_env(runs: list[Path]) -> dict:
 
 def rows(runs: list[Path]) -> pd.DataFrame:
     """Every stage's rows, in stage order (a stage cut short may hold none)."""
-    frames = [
-        pd.read_csv(r / "results.csv", dtype={"error": "string", "io_detail": "string"})
-        for r in runs
-        if (r / "results.csv").exists()
-    ]
+    frames = [results.read_rows(str(r)) for r in runs if (r / "results.csv").exists()]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
