@@ -169,6 +169,20 @@ def test_measurements_fill_the_columns_of_their_names() -> None:
         columns.fill(row, Stray())
 
 
+def test_the_readme_tables_are_the_row_types() -> None:
+    """README.md carries one table per row type, as `make columns` writes it: a column added,
+    moved or documented anew without it fails here."""
+    text = (REPO / "README.md").read_text()
+    assert columns.doc_blocks(text) == list(results.DOCS)
+    assert columns.render_docs(text, results.DOCS) == text, "README.md: run make columns"
+    table = columns.markdown_table(results.Row, ranks=True).splitlines()
+    assert table[0] == "| column | type | aggregate row | what it holds |"
+    assert table[2].startswith("| `run_id` | text | first rank's | The run: ")
+    assert "| `stall_s` | float or empty | max | " in text
+    moved = text.replace("| `stall_s` |", "| `stall_seconds` |")
+    assert columns.render_docs(moved, results.DOCS) == text
+
+
 def test_analysis_readme_names_only_columns_that_exist() -> None:
     """analysis/README.md explains how the host columns are measured in a table of its own
     (grouped, with the method): every column it names is a column of results.csv, and every
