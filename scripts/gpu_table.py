@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.measure import results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.measure import detail as io_detail  # noqa: E402
+from bench.measure import results  # noqa: E402
 
 
 def _gb(b: float) -> str:
@@ -60,6 +62,11 @@ def _evidence(text: str) -> str:
     return "fs list" if text else ""
 
 
+def _or_blank(v: object) -> object:
+    """A fact of the detail, or "" where the row's engine does not report it."""
+    return "" if v is None else v
+
+
 def table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (wl, eng), g in df.groupby(["workload", "engine"], sort=False):
@@ -68,7 +75,9 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
             err = g["error"].fillna("").iloc[-1][:60]
             out.append({"workload": wl, "engine": eng, "n": 0, "error": err})
             continue
-        detail = json.loads(ok["io_detail"].fillna("").iloc[-1] or "{}")
+        d = io_detail.read(ok["io_detail"].fillna("").iloc[-1])  # typed (bench.measure.detail)
+        gd = d if isinstance(d, io_detail.GdsDetail) else None
+        sd = d if isinstance(d, io_detail.SnapshotDetail) else None
         med = {c: statistics.median(ok[c]) for c in ("stall_s", "total_s", "restore_s")}
         gb = ok["total_bytes"].iloc[0]
         out.append(
@@ -85,15 +94,15 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
                 "hash_s": round(statistics.median(ok["hash_s"].fillna(0)), 3),
                 "pinned_GiB": round(ok["pinned_bytes"].fillna(0).iloc[-1] / 2**30, 3),
                 "verified": bool(ok["verified"].astype(bool).all()),
-                "threads": detail.get("num_threads", ""),
-                "reg_GiB": round(detail.get("registered_bytes", 0) / 2**30, 2) if detail else "",
-                "host_B": detail.get("host_bytes", ""),
-                "pinned_seen": detail.get("staging_is_pinned", ""),
-                "evidence": _evidence(detail.get("gds_evidence", "")),
-                "unreg_MiB": round(detail["unregistered_device_bytes"] / 2**20, 1)
-                if "unregistered_device_bytes" in detail
+                "threads": _or_blank(gd and gd.num_threads),
+                "reg_GiB": round((gd.registered_bytes or 0) / 2**30, 2) if gd else "",
+                "host_B": _or_blank(gd and gd.host_bytes),
+                "pinned_seen": _or_blank(sd and sd.staging_is_pinned),
+                "evidence": _evidence(gd.gds_evidence or "") if gd else "",
+                "unreg_MiB": round(gd.unregistered_device_bytes / 2**20, 1)
+                if gd and gd.unregistered_device_bytes is not None
                 else "",
-                "why_compat": "; ".join(detail.get("compat_reasons", []))[:70],
+                "why_compat": "; ".join(gd.compat_reasons or [])[:70] if gd else "",
             }
         )
     return pd.DataFrame(out)

@@ -1,8 +1,8 @@
 """Mutation testing of the crash-safety core with cosmic-ray (`make mutate`; not part of CI).
 
 Mutated: bench/storage/manifest.py, generations.py, tree.py, layout.py, checksums.py, verify.py, and
-the commit and delete paths of bench/engines/striped.py (`_commit`, `_abort`, `_prepare`,
-`delete`). Each module is its own cosmic-ray session, whose test command runs the fast tests of
+the commit and delete paths of the striped engines' writer, bench/engines/stripes.py (`commit`,
+`abort`, `prepare`, `delete`). Each module is its own cosmic-ray session, whose test command runs the fast tests of
 that module (TESTS below) with `-x`: a mutant is killed when one of them fails.
 
 Two things keep a run within minutes on 2 cores:
@@ -74,13 +74,13 @@ TESTS: dict[str, tuple[str, str]] = {
         " leftover or overlapping or garbled or replaces or refused or first_target'",
     ),
     "verify": ("bench/storage/verify.py", "tests/test_verify.py"),
-    "striped": (
-        "bench/engines/striped.py",
+    "stripes": (
+        "bench/engines/stripes.py",
         "tests/test_generations.py; tests/test_manifest_errors.py -k 'replaces or interrupted"
         " or marker or overlapping or garbled or enospc'; tests/test_registry.py -k contract",
     ),
 }
-STRIPED_FUNCTIONS = {"_commit", "_abort", "_prepare", "delete"}
+STRIPED_FUNCTIONS = {"commit", "abort", "prepare", "delete"}
 # Binary operators are mutated into +, - and * only (see the module docstring).
 DROPPED_OPERATORS = re.compile(
     r"core/ReplaceBinaryOperator_\w+_(Div|FloorDiv|Mod|Pow|RShift|LShift|BitOr|BitAnd|BitXor)$"
@@ -214,10 +214,10 @@ def _config(name: str, module: str, sock: str, path: Path) -> None:
 
 def _skip(db: Path, module: str, root: Path) -> None:
     """Mark as skipped the mutants outside the set: dropped operators everywhere, mutants
-    inside annotations, and in striped.py anything outside its commit and delete paths."""
+    inside annotations, and in stripes.py anything outside its commit and delete paths."""
     tree_ = ast.parse((root / module).read_text())
     keep: list[tuple[int, int]] | None = None
-    if module.endswith("striped.py"):
+    if module.endswith("stripes.py"):
         keep = [
             (n.lineno, n.end_lineno or n.lineno)
             for n in ast.walk(tree_)

@@ -6,6 +6,7 @@ often tmpfs, which refuses O_DIRECT, and the O_DIRECT engines (cpu-single, gds) 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from bench import engines
 from bench.measure import results
@@ -126,3 +128,37 @@ def make_engine() -> Iterator[Callable[..., Any]]:
     yield make
     for eng in reversed(made):
         eng.close()
+
+
+# -- helpers the test modules share (`from conftest import ...`) ---------------------------------
+
+
+def bits(t: Any) -> Any:
+    """A tensor's bytes in logical order, as a 1-D uint8 tensor on the host: NaNs compare as
+    their bits, and a device or strided tensor as its values."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """A flat state restored: the same keys in order, each tensor's dtype, shape and bytes."""
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert torch.equal(bits(got[k]), bits(want[k])), k
+
+
+def read_manifest(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
+    """A checkpoint's manifest as plain JSON (its last key is its own checksum)."""
+    with open(Path(dirs[0]) / name / "manifest.json") as f:
+        m = json.load(f)
+    assert list(m)[-1] == "manifest_xxh3"
+    return m
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Fake device memory (tests/fake_kvikio.py), seen as CUDA memory by the gds engine's
+    seam; engines asking for device=cuda get a Device of kind cuda whose memory is the fake's."""
+    from fake_kvikio import FakeCuda
+
+    return FakeCuda().install(monkeypatch)

@@ -683,11 +683,11 @@ class FakeCuda:
         from bench.common.devices import Device
         from bench.engines import gds, striped
 
-        monkeypatch.setattr(gds, "on_device", self.is_device)
-        monkeypatch.setattr(gds, "cuda_array", self.array)
-        monkeypatch.setattr(gds, "allocation_of", self.allocation_of_tensor)
-        monkeypatch.setattr(gds, "device_empty", lambda n, dev: self.empty(n))
-        monkeypatch.setattr(gds, "to_device", lambda t, dev: self.to(t))
+        monkeypatch.setattr(gds.cuda, "on_device", self.is_device)
+        monkeypatch.setattr(gds.cuda, "cuda_array", self.array)
+        monkeypatch.setattr(gds.cuda, "allocation_of", self.allocation_of_tensor)
+        monkeypatch.setattr(gds.cuda, "device_empty", lambda n, dev: self.empty(n))
+        monkeypatch.setattr(gds.cuda, "to_device", lambda t, dev: self.to(t))
         real = striped.detect
         device = Device("cuda", torch.device("cpu"))
         monkeypatch.setattr(

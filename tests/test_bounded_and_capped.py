@@ -172,7 +172,7 @@ def test_capped_targets_each_pace_their_own_writes(make_engine, targets, monkeyp
         eng = make_engine("cpu-single", dirs, max_write_bw=caps, chunk_bytes="1MiB")
         eng.save(state, "c").wait()
         assert first_difference(state, eng.load("c")) is None
-        buckets = eng._buckets
+        buckets = eng.writer.buckets
         assert len({id(b) for b in buckets}) == n  # one bucket per target
         want_rates = [200e6] * n if isinstance(caps, str) else [100e6, 200e6, 300e6]
         assert [b.rate for b in buckets] == want_rates

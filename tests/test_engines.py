@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import STRIPED_ENGINES
+from conftest import STRIPED_ENGINES, bits, read_manifest
 
 from bench.engines.base import SaveResult
 from bench.engines.gds import coalesce_window
+from bench.measure.detail import DcpDetail
 
 STRIPED = STRIPED_ENGINES
 SNAPSHOT = ("cpu-single", "cpu-double")
@@ -70,11 +71,6 @@ def inside_one_chunk(t: torch.Tensor, chunk: int) -> torch.Tensor:
     out.copy_(t)
     assert out.data_ptr() % chunk == 0
     return out
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes in logical order, as a 1-D uint8 tensor."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 def iter_tensors(obj: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
@@ -128,14 +124,6 @@ def clone_tree(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(clone_tree(v) for v in obj)
     return obj
-
-
-def read_manifest(dirs: list[str], name: str) -> dict[str, Any]:
-    """The manifest as plain JSON (its last key is its own checksum)."""
-    with open(Path(dirs[0]) / name / "manifest.json") as f:
-        m = json.load(f)
-    assert list(m)[-1] == "manifest_xxh3"
-    return m
 
 
 def check_files(dirs: list[str], name: str) -> dict[str, Any]:
@@ -207,8 +195,8 @@ def check_result(result: Any, eng: Any, state: Any, name: str, dirs: list[str]) 
         assert result.copied_tensors == sum(
             not t.is_contiguous() for n, t in sizes if not 0 < n < below
         )
-        assert result.extra["coalesced_tensors"] == len(small)
-        assert result.extra["coalesced_bytes"] == sum(t.numel() * t.element_size() for t in small)
+        assert result.detail.coalesced_tensors == len(small)
+        assert result.detail.coalesced_bytes == sum(t.numel() * t.element_size() for t in small)
         del non_contiguous
     else:
         # The other engines say they have no GDS mode, with SaveResult's default.
@@ -447,7 +435,7 @@ def test_overlapped_and_serial_snapshots_round_trip(make_engine, targets, engine
     for t in [state["big"], base, *state["small"], state["tail"]]:
         t.zero_()
     result = pending.wait()
-    assert result.extra["overlap"] is overlap
+    assert result.detail.overlap is overlap
     assert_same(eng.load("ckpt"), want)
 
 
@@ -464,7 +452,7 @@ def test_overlap_waits_for_a_strided_device_copy(make_engine, targets, engine):
     eng = make_engine(engine, targets(2), device="cuda", overlap=True, chunk_bytes="1MiB")
     for k in range(2):  # the second save into staging that holds the first one's bytes
         result = eng.save(state, f"ckpt{k}").wait()
-        assert result.extra["overlap"] is True
+        assert result.detail.overlap is True
         assert_same(eng.load(f"ckpt{k}"), want)
         base.add_(1)
         want["transposed"] = base.t().cpu().clone()
@@ -749,10 +737,10 @@ def test_dcp_options_round_trip(make_engine, targets, options):
             t.zero_()
         result = pending.wait()
         check_baseline_result(result, want, "ckpt")
-        assert result.extra == {
-            "staging": options.get("staging", "cached"),
-            "checkpointer": options.get("checkpointer", "thread"),
-        }
+        assert result.detail == DcpDetail(
+            staging=options.get("staging", "cached"),
+            checkpointer=options.get("checkpointer", "thread"),
+        )
         # plain staging keeps no copy of the state; cached keeps one of every tensor byte
         assert eng.pinned_bytes == (0 if options.get("staging") == "plain" else payload(want))
         check_baseline_files(dirs, "ckpt", result)

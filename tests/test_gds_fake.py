@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import assert_same_state, read_manifest
 from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
 from bench.common.devices import Device
@@ -33,13 +34,6 @@ from bench.measure import ceiling
 from bench.storage import checksums, odirect, pacing, staging
 
 FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch) -> FakeCuda:
-    """Fake device memory, seen as CUDA memory by the gds engine's seam functions; engines
-    asking for device=cuda get a Device of kind cuda whose memory is the fake's."""
-    return FakeCuda().install(monkeypatch)
 
 
 @pytest.fixture
@@ -53,7 +47,7 @@ def fake_kvikio(monkeypatch, tmp_path, fake_cuda) -> Iterator[Callable[..., Fake
         kw.setdefault("allocation_of", fake_cuda.allocation_of)
         kw.setdefault("nvfs_stats", str(tmp_path / f"nvidia-fs-stats-{len(made)}"))
         fake = FakeKvikio(**kw).install(monkeypatch)
-        monkeypatch.setattr(gds, "NVFS_STATS", kw["nvfs_stats"] or str(tmp_path / "absent"))
+        monkeypatch.setattr(gds.labels, "NVFS_STATS", kw["nvfs_stats"] or str(tmp_path / "absent"))
         made.append(fake)
         return fake
 
@@ -96,10 +90,6 @@ def fake_cudart(monkeypatch) -> FakeCudart:
     return rt
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-
 def sample_state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     flat = torch.randint(-(2**40), 2**40, (6000,), generator=g)
@@ -116,18 +106,6 @@ def sample_state() -> dict[str, torch.Tensor]:
 def mixed_state(cuda: FakeCuda) -> dict[str, torch.Tensor]:
     """The sample state in fake device memory, but for `step`, which stays on the host."""
     return cuda.to_device(sample_state(), keep_on_host=("step",))
-
-
-def assert_round_trip(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert torch.equal(bits(got[k]), bits(want[k])), k
-
-
-def read_manifest(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
-    with open(Path(dirs[0]) / name / "manifest.json") as f:
-        return json.load(f)
 
 
 def kvikio_engine(make_engine: Any, dirs: list[str], **opts: Any) -> Any:
@@ -149,15 +127,15 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
     pending = eng.save(state, "ckpt")
     assert pending.done()  # the stall lasts until durable
     result = pending.wait()
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
-    assert result.gds_mode == "gds", result.extra
+    assert result.gds_mode == "gds", result.detail
     assert result.copied_tensors == 1
     assert result.bytes == sum(t.numel() * t.element_size() for t in state.values())
     assert result.targets_used == 3
     assert result.stall_s <= result.total_s
-    assert result.extra["host_bytes"] == 4  # the step scalar
-    assert result.extra["device_bytes"] == result.bytes - 4
+    assert result.detail.host_bytes == 4  # the step scalar
+    assert result.detail.device_bytes == result.bytes - 4
 
     m = read_manifest(dirs)
     data = data_files(dirs, m)
@@ -170,7 +148,7 @@ def test_kvikio_calls_match_the_manifest(make_engine, targets, fake_kvikio, fake
     assert len(fake.calls) > len(state)  # chunks really split the tensors
     # Device bytes went over GDS, the host scalar through kvikio's POSIX path.
     assert fake.routes() == {"gds": result.bytes - 4, "posix": 4}
-    assert result.extra["gds_evidence"].startswith("nvidia-fs counted")
+    assert result.detail.gds_evidence.startswith("nvidia-fs counted")
     for t, path in data.items():
         assert os.path.getsize(path) == m["files"][str(t)]["bytes"]
 
@@ -188,7 +166,7 @@ def test_host_tensors_are_handed_to_kvikio_as_host_buffers(
     state = mixed_state(fake_cuda)
     state["opt"] = {"step": torch.tensor(1000.0), "lr": 3e-4}
     eng.save(state, "ckpt").wait()
-    assert_round_trip(
+    assert_same_state(
         {k: v for k, v in eng.load("ckpt").items() if k != "opt"},
         {k: v for k, v in state.items() if k != "opt"},
     )
@@ -215,12 +193,12 @@ def test_kvikio_thread_pool_is_sized_once_per_engine_and_given_back(
     eng.load("ckpt", device="cuda")
     assert fake.pool_resets == 1  # not inside any save or restore
     assert fake.calls and {(c.num_threads, c.task_size) for c in fake.calls} == {(12, 64 << 10)}
-    assert (result.extra["num_threads"], result.extra["task_size"]) == (12, 64 << 10)
-    assert "settings_reset_in_save" not in result.extra
+    assert (result.detail.num_threads, result.detail.task_size) == (12, 64 << 10)
+    assert result.detail.settings_reset_in_save is None
     # Someone else changes kvikio's settings: the next save sets them again and says so.
     fake.modules["kvikio.defaults"].set("num_threads", 3)
     again = eng.save(state, "ckpt").wait()
-    assert again.extra["settings_reset_in_save"] is True and fake.values["num_threads"] == 12
+    assert again.detail.settings_reset_in_save is True and fake.values["num_threads"] == 12
     eng.close()
     # kvikio's own values again, as the engine found them
     assert (fake.values["num_threads"], fake.values["task_size"]) == (1, 4 << 20)
@@ -321,7 +299,7 @@ def test_gds_restore_reads_into_device_memory(make_engine, targets, fake_kvikio,
     eng.save(state, "ckpt").wait()
     fake.calls.clear()
     loaded = eng.load("ckpt", device="cuda")
-    assert_round_trip(loaded, state)
+    assert_same_state(loaded, state)
     assert eng.restore_mode == "gds"
     reads = [c for c in fake.calls if c.op == "pread"]
     m = read_manifest(dirs)
@@ -331,7 +309,7 @@ def test_gds_restore_reads_into_device_memory(make_engine, targets, fake_kvikio,
     for k in ("w", "half", "offset_view"):
         assert fake_cuda.is_device(loaded[k]), k
     # Restoring to the host is a host read, and says so.
-    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+    assert_same_state(eng.load("ckpt", device="cpu"), state)
     assert eng.restore_mode == "host"
 
 
@@ -347,9 +325,9 @@ def test_a_file_cufile_cannot_take_makes_the_save_compat(
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
-    (reason,) = result.extra["compat_reasons"]
+    (reason,) = result.detail.compat_reasons
     assert "cuFile could not take" in reason and dirs[1] in reason
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     # The other two files did go over GDS; the fallback file went through POSIX.
     by_file = {(os.path.dirname(os.path.dirname(c.path)), c.route) for c in fake.calls}
     assert (dirs[1], "posix") in by_file and (dirs[0], "gds") in by_file
@@ -385,8 +363,8 @@ def test_no_gds_on_the_machine_is_compat(make_engine, targets, fake_kvikio, fake
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
-    assert any(why in r for r in result.extra["compat_reasons"])
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert any(why in r for r in result.detail.compat_reasons)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
     assert eng.restore_mode == "compat"
 
 
@@ -396,7 +374,7 @@ def test_gds_mode_is_compat_when_kvikio_cannot_tell(make_engine, targets, fake_k
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "a").wait()
     assert result.gds_mode == "compat"
-    assert "cannot tell" in result.extra["compat_reasons"][0]
+    assert "cannot tell" in result.detail.compat_reasons[0]
 
 
 def test_small_device_pieces_under_gds_threshold_are_compat(
@@ -406,7 +384,7 @@ def test_small_device_pieces_under_gds_threshold_are_compat(
     eng = kvikio_engine(make_engine, targets(1), gds_threshold="16KiB", chunk_bytes="64KiB")
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "compat"
-    assert any("gds_threshold" in r for r in result.extra["compat_reasons"])
+    assert any("gds_threshold" in r for r in result.detail.compat_reasons)
     assert "posix" in {c.route for c in fake.calls if c.memory == "device"}
     # With the default threshold of 0 every device byte goes to cuFile.
     fake.calls.clear()
@@ -424,16 +402,16 @@ def test_without_nvidia_fs_counters_the_filesystem_list_decides(
     such saves are not called gds, and the row says what decided."""
     fake_kvikio(allow_compat_mode=allow, nvfs_stats=None)
     monkeypatch.setattr(
-        gds, "native_gds_reason", lambda info: f"{info['path']} is on a virtio disk"
+        gds.labels, "native_gds_reason", lambda info: f"{info['path']} is on a virtio disk"
     )
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == ("compat" if allow else "gds")
-    assert result.extra["gds_evidence"] == "filesystem list: no nvidia-fs statistics"
+    assert result.detail.gds_evidence == "filesystem list: no nvidia-fs statistics"
     if allow:
-        assert "is on a virtio disk" in result.extra["compat_reasons"][0]
+        assert "is on a virtio disk" in result.detail.compat_reasons[0]
     # Where GDS serves the target natively, the list has nothing to say.
-    monkeypatch.setattr(gds, "native_gds_reason", lambda info: None)
+    monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: None)
     eng2 = kvikio_engine(make_engine, targets(1))
     assert eng2.save(mixed_state(fake_cuda), "ckpt").wait().gds_mode == "gds"
 
@@ -444,12 +422,12 @@ def test_nvidia_fs_counters_overrule_the_filesystem_list(
     """Where nvidia-fs counts bytes, its counters decide: all device bytes counted -> gds,
     whatever the list says of the filesystem."""
     fake_kvikio()
-    monkeypatch.setattr(gds, "native_gds_reason", lambda info: "never asked")
+    monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: "never asked")
     eng = kvikio_engine(make_engine, targets(2))
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
-    assert result.gds_mode == "gds", result.extra
-    assert "compat_reasons" not in result.extra
+    assert result.gds_mode == "gds", result.detail
+    assert result.detail.compat_reasons is None
     eng.load("ckpt", device="cuda")
     assert eng.restore_mode == "gds"
     assert eng.restore_detail["gds_evidence"].startswith("nvidia-fs counted")
@@ -467,7 +445,7 @@ def test_bytes_cufile_served_through_posix_make_the_save_compat(
     big = fake_cuda.to_device({"a": torch.randn(1 << 20), "b": torch.randn(1 << 20)})
     result = eng.save(big, "ckpt").wait()
     assert result.gds_mode == "compat"
-    (why,) = result.extra["compat_reasons"]
+    (why,) = result.detail.compat_reasons
     assert re.match(r"nvidia-fs counted 4 MiB in \d+ writes GPU-direct of 8 MiB", why), why
     assert fake.routes() == {"gds": 4 << 20, "cufile-compat": 4 << 20}
 
@@ -476,11 +454,11 @@ def test_nvidia_fs_without_io_statistics_falls_back_to_the_list(
     make_engine, targets, fake_kvikio, fake_cuda, monkeypatch
 ):
     fake_kvikio(nvfs_io_stats=False)
-    monkeypatch.setattr(gds, "native_gds_reason", lambda info: None)
+    monkeypatch.setattr(gds.labels, "native_gds_reason", lambda info: None)
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "gds"
-    assert "IO statistics are off" in result.extra["gds_evidence"]
+    assert "IO statistics are off" in result.detail.gds_evidence
 
 
 @pytest.mark.parametrize(
@@ -541,8 +519,8 @@ def test_a_state_without_device_tensors_is_not_gds(make_engine, targets, fake_kv
     state = sample_state()
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "compat"
-    assert "no tensor was in device memory" in result.extra["compat_reasons"][0]
-    assert_round_trip(eng.load("ckpt"), state)
+    assert "no tensor was in device memory" in result.detail.compat_reasons[0]
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_device_memory_is_registered_once_per_allocation_and_released(
@@ -562,9 +540,9 @@ def test_device_memory_is_registered_once_per_allocation_and_released(
     assert fake.registered == dict(segments)
     assert fake.register_calls == 2
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["registered_bytes"] == sum(size for _, size in segments)
-    assert result.extra["unregistered_device_bytes"] == state["wt"].numel() * 4  # copied first
-    assert "register_note" not in result.extra
+    assert result.detail.registered_bytes == sum(size for _, size in segments)
+    assert result.detail.unregistered_device_bytes == state["wt"].numel() * 4  # copied first
+    assert result.detail.register_note is None
     eng.close()
     assert fake.registered == {}
 
@@ -582,13 +560,13 @@ def test_a_failed_registration_is_said_and_the_rest_still_registered(
     big = fake_cuda.allocation_of(state["big"].data_ptr())
     assert fake.registered == dict([small, big])
     result = eng.save(state, "ckpt").wait()
-    note = result.extra["register_note"]
+    note = result.detail.register_note
     assert note.startswith("3 tensors not registered (['w']: RuntimeError: ")
     assert "CU_FILE_MEMORY_ALREADY_REGISTERED" in note
-    assert result.extra["registered_bytes"] == big[1]
+    assert result.detail.registered_bytes == big[1]
     unregistered = sum(state[k].numel() * state[k].element_size() for k in ("w", "wt", "half"))
     unregistered += state["offset_view"].numel() * 8
-    assert result.extra["unregistered_device_bytes"] == unregistered
+    assert result.detail.unregistered_device_bytes == unregistered
     eng.close()
     assert fake.registered == dict([small])  # only what the engine registered is released
 
@@ -600,8 +578,8 @@ def test_no_registration_in_compat_mode(make_engine, targets, fake_kvikio, fake_
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
     assert fake.register_calls == 0
-    assert result.extra["registered_bytes"] == 0
-    assert "compat mode" in result.extra["register_note"]
+    assert result.detail.registered_bytes == 0
+    assert "compat mode" in result.detail.register_note
 
 
 def test_the_fake_is_a_package_whose_submodules_must_be_imported(fake_kvikio):
@@ -664,11 +642,11 @@ def test_auto_on_the_host_emulates_without_kvikio(make_engine, targets, monkeypa
     def must_not_be_called() -> Any:
         raise AssertionError("io=auto on the host must not use kvikio")
 
-    monkeypatch.setattr(gds, "import_kvikio", must_not_be_called)
+    monkeypatch.setattr(gds.kvikio_lib, "import_kvikio", must_not_be_called)
     eng = make_engine("gds", targets(1), io="auto", device="host-emulated")
     state = sample_state()
     assert eng.save(state, "ckpt").wait().gds_mode == "emulated"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(
@@ -680,7 +658,7 @@ def test_emulation_on_cuda_writes_through_a_pinned_bounce_buffer(
     state = mixed_state(fake_cuda)
     result = eng.save(state, "ckpt").wait()
     assert result.gds_mode == "emulated"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     # One bounce buffer per writer thread, pinned exactly, released with the engine.
     assert 0 < result.pinned_bytes == fake_cudart.locked_bytes <= 2 * (8192 + 2 * 4096)
     eng.close()
@@ -739,7 +717,7 @@ def test_failed_write_keeps_the_previous_checkpoint(
         eng.save(changed, "ckpt")
     assert {d: sorted(os.listdir(Path(d) / "ckpt")) for d in dirs} == before
     assert eng.status("ckpt") == "complete"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_hashing_runs_while_kvikio_writes(
@@ -770,7 +748,7 @@ def test_hashing_runs_while_kvikio_writes(
     result = eng.save(state, "ckpt").wait()
     assert seen == [0, 0] and len(fake.files[0].futures) > 1
     assert result.checksums and result.hash_s > 0
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_fallocate_and_write_caps_apply_through_kvikio(
@@ -812,8 +790,8 @@ def test_fallocate_and_write_caps_apply_through_kvikio(
             assert ("take", n) in events[:i]
     # 4 MiB over two targets capped at 4 MiB/s each, one 256 KiB burst each: at least 0.44 s.
     assert elapsed >= (2 << 20) / rate - (256 << 10) / rate - 0.02
-    assert result.extra["gds_evidence"].startswith("nvidia-fs counted")
-    assert_round_trip(eng.load("ckpt"), state)
+    assert result.detail.gds_evidence.startswith("nvidia-fs counted")
+    assert_same_state(eng.load("ckpt"), state)
 
 
 def test_pinned_staging_is_exactly_the_bytes_held(fake_cudart):
@@ -846,7 +824,7 @@ def test_snapshot_engine_pins_its_staging_exactly(make_engine, targets, fake_cud
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
     assert result.pinned_bytes == eng.pinned_bytes == fake_cudart.locked_bytes > 0
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     eng.close()
     assert fake_cudart.locked == {}
 
@@ -867,22 +845,22 @@ def test_real_kvikio_on_cuda(make_engine, targets):
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
     if gds.kvikio_mode(kvikio) == "compat" or result.gds_mode == "compat":
-        assert result.gds_mode == "compat" and result.extra["compat_reasons"]
+        assert result.gds_mode == "compat" and result.detail.compat_reasons
     else:
-        assert result.gds_mode == "gds" and "compat_reasons" not in result.extra
+        assert result.gds_mode == "gds" and result.detail.compat_reasons is None
         # Registered once per CUDA allocation: only the copied transposed tensor is not.
-        assert result.extra["unregistered_device_bytes"] == 40 * 70 * 4, result.extra
-        assert result.extra["registered_bytes"] > 0
-    assert result.extra["num_threads"] == 4
+        assert result.detail.unregistered_device_bytes == 40 * 70 * 4, result.detail
+        assert result.detail.registered_bytes > 0
+    assert result.detail.num_threads == 4
     assert result.copied_tensors == 1
-    assert result.extra["host_bytes"] == 4
+    assert result.detail.host_bytes == 4
     assert eng._hash_stream is not None  # the checksums ran on a side stream
     loaded = eng.load("ckpt", device="cuda")
     assert eng.restore_mode in ("gds", "compat") and eng.restore_detail["gds_evidence"]
     assert all(t.device.type == "cuda" for t in loaded.values())
-    assert_round_trip(loaded, state)
+    assert_same_state(loaded, state)
     # Device checksums computed on the GPU are checked again on the host.
-    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+    assert_same_state(eng.load("ckpt", device="cpu"), state)
     m = read_manifest(dirs)
     for t, info in m["files"].items():
         assert os.path.getsize(Path(dirs[int(t)]) / "ckpt" / info["file"]) == info["bytes"]
@@ -910,12 +888,12 @@ def test_real_kvikio_on_cuda_coalesces_small_tensors(make_engine, targets):
     eng = make_engine("gds", dirs, io="kvikio", device="cuda", chunk_bytes="1MiB")
     eng.warm(state)
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["coalesced_tensors"] == 2002 and result.copied_tensors == 0
-    assert result.extra["host_bytes"] == 0  # the step went through the device buffer
+    assert result.detail.coalesced_tensors == 2002 and result.copied_tensors == 0
+    assert result.detail.host_bytes == 0  # the step went through the device buffer
     if gds.kvikio_mode(kvikio) == "gds" and result.gds_mode == "gds":
-        assert result.extra["unregistered_device_bytes"] == 0, result.extra
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
-    assert_round_trip(eng.load("ckpt", device="cpu"), state)
+        assert result.detail.unregistered_device_bytes == 0, result.detail
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cpu"), state)
     eng.close()
 
 
@@ -985,15 +963,13 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     buf = eng._cbuf
     assert buf is not None and fake_cuda.is_device(buf) and buf.data_ptr() % 4096 == 0
     result = eng.save(state, "ckpt").wait()
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
 
     small = [k for k, t in state.items() if 0 < t.numel() * t.element_size() < 64 << 10]
-    detail = result.extra
-    assert detail["coalesced_tensors"] == len(small) == 302  # the 300, `wide` and `step`
-    assert detail["coalesced_bytes"] == sum(
-        state[k].numel() * state[k].element_size() for k in small
-    )
-    assert detail["coalesce_rounds"] >= 3  # both halves of the buffer, one of them twice
+    detail = result.detail
+    assert detail.coalesced_tensors == len(small) == 302  # the 300, `wide` and `step`
+    assert detail.coalesced_bytes == sum(state[k].numel() * state[k].element_size() for k in small)
+    assert detail.coalesce_rounds >= 3  # both halves of the buffer, one of them twice
     assert result.copied_tensors == 0  # the strided one went into the buffer by a strided copy
     # Every write is a chunk of the buffer or a piece of `big`: far fewer than the tensors,
     # and all from device memory (the host `step` went into the buffer too).
@@ -1002,7 +978,7 @@ def test_coalesced_small_tensors_go_through_one_device_buffer(
     assert {c.memory for c in writes} == {"device"}
     assert max(c.size for c in writes) <= 16 << 10
     # The buffer was registered with the state's device memory, and the writes say so.
-    assert detail["registered_bytes"] >= buf.numel() and detail["unregistered_device_bytes"] == 0
+    assert detail.registered_bytes >= buf.numel() and detail.unregistered_device_bytes == 0
     # wsum64 from the buffer, one digest per tensor, as if each were hashed alone.
     m = read_manifest(dirs)
     by_path = {e["path"]: e for e in m["tensors"]}
@@ -1019,9 +995,9 @@ def test_coalescing_off_writes_each_tensor_from_its_memory(
     eng = kvikio_engine(make_engine, targets(2), coalesce_below=0)
     state = many_small_state(fake_cuda, n=40)
     result = eng.save(state, "ckpt").wait()
-    assert result.extra["coalesced_tensors"] == 0
+    assert result.detail.coalesced_tensors == 0
     assert len(fake.calls) >= 40 + 1  # one write at least per tensor with bytes
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
 
 
 # -- issue 33: kvikio's own compat reasons, its pinned bounce buffers, registrations released ----
@@ -1046,11 +1022,11 @@ def test_compat_names_the_check_of_kvikios_that_failed(
     fake_kvikio(cufile_loads=False)
     healthy = {"_libcufile_error": lambda: None, "_run_udev_readable": lambda: True}
     for name, fn in {**healthy, "_in_wsl": lambda: False, **machine}.items():
-        monkeypatch.setattr(gds, name, fn)
+        monkeypatch.setattr(gds.kvikio_lib, name, fn)
     eng = kvikio_engine(make_engine, targets(1))
     result = eng.save(mixed_state(fake_cuda), "ckpt").wait()
     assert result.gds_mode == "compat"
-    (why,) = [r for r in result.extra["compat_reasons"] if r.startswith("kvikio prefers")]
+    (why,) = [r for r in result.detail.compat_reasons if r.startswith("kvikio prefers")]
     assert named in why and why.count(";") == 0  # that check, and only that one
 
 
@@ -1078,7 +1054,7 @@ def test_a_compat_save_counts_kvikios_pinned_bounce_buffers(
     result = eng.save(mixed_state(fake_cuda), "compat").wait()
     assert result.gds_mode == "compat"
     assert result.pinned_bytes == eng.pinned_bytes == 6 * 16 << 20  # 3 x 2 threads, 16 MiB
-    assert "num_threads x bounce_buffer_size" in result.extra["pinned_bytes_derived"]
+    assert "num_threads x bounce_buffer_size" in result.detail.pinned_bytes_derived
 
 
 def test_release_deregisters_and_lets_the_state_go(make_engine, targets, fake_kvikio, fake_cuda):
@@ -1101,7 +1077,7 @@ def test_release_deregisters_and_lets_the_state_go(make_engine, targets, fake_kv
     eng.warm(state)  # and again, for a save
     assert fake.registered
     eng.save(state, "ckpt").wait()
-    assert_round_trip(eng.load("ckpt", device="cuda"), state)
+    assert_same_state(eng.load("ckpt", device="cuda"), state)
 
 
 @pytest.mark.parametrize("io", ["kvikio", "emulated"])
@@ -1130,5 +1106,5 @@ def test_the_writes_wait_for_the_stream_that_made_the_state(
     assert writes and order[0] == "wait" and order.count("wait") == 1
     if io == "kvikio":
         assert "write" not in order and result.gds_mode == "gds"
-    assert_round_trip(eng.load("ckpt"), state)
+    assert_same_state(eng.load("ckpt"), state)
     eng.close()  # its pinned bounce buffers, while the fake CUDA runtime is still in place

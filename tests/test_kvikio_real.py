@@ -62,12 +62,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def fake_cuda(monkeypatch) -> FakeCuda:
-    """Device memory for the engine, handed to the real kvikio as `__cuda_array_interface__`."""
-    return FakeCuda().install(monkeypatch)
-
-
 def state_on(cuda: FakeCuda) -> dict[str, Any]:
     g = torch.Generator().manual_seed(3)
     return {

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ENGINES, RUNNABLE, STRIPED_ENGINES
+from conftest import ENGINES, RUNNABLE, STRIPED_ENGINES, assert_same_state, bits, read_manifest
 
 from bench import engines
 from bench.common.errors import ChecksumError, UserError
@@ -25,10 +25,6 @@ from bench.storage import generations, layout
 
 STRIPED = STRIPED_ENGINES
 ALL = RUNNABLE
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def random_state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -39,21 +35,9 @@ def random_state(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def assert_equal_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert torch.equal(bits(got[k]), bits(want[k])), k
-
-
-def manifest_json(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
-    with open(Path(dirs[0]) / name / "manifest.json") as f:
-        return json.load(f)
-
-
 def data_file(dirs: list[str], t: int, name: str = "ckpt") -> Path:
     """Target t's data file of the committed checkpoint, as its manifest names it."""
-    return Path(dirs[t]) / name / manifest_json(dirs, name)["files"][str(t)]["file"]
+    return Path(dirs[t]) / name / read_manifest(dirs, name)["files"][str(t)]["file"]
 
 
 def listing(dirs: list[str], name: str = "ckpt") -> dict[str, list[str]]:
@@ -129,13 +113,13 @@ def test_an_overlapping_target_list_cannot_destroy_a_checkpoint(make_engine, tar
             records
         )
         assert not (Path(c) / "ckpt").exists()  # nothing of Y's was written
-    assert_equal_state(x.load("ckpt"), state)
+    assert_same_state(x.load("ckpt"), state)
     # X's own list still saves over it, and another name is free for Y
     x.save(random_state(seed=2), "ckpt").wait()
     y = make_engine(engine, [b, c], chunk_bytes="8KiB")
     y.save(state, "other").wait()
-    assert_equal_state(y.load("other"), state)
-    assert_equal_state(x.load("ckpt"), random_state(seed=2))
+    assert_same_state(y.load("other"), state)
+    assert_same_state(x.load("ckpt"), random_state(seed=2))
 
 
 def test_a_garbled_claim_is_named_and_left_alone(make_engine, targets):
@@ -147,7 +131,7 @@ def test_a_garbled_claim_is_named_and_left_alone(make_engine, targets):
     with pytest.raises(UserError) as e:
         x.save(random_state(seed=1), "ckpt")
     assert str(record) in str(e.value) and "remove it by hand" in str(e.value)
-    assert_equal_state(x.load("ckpt"), random_state())
+    assert_same_state(x.load("ckpt"), random_state())
 
 
 # -- manifests ----------------------------------------------------------------------------
@@ -215,7 +199,7 @@ def test_manifest_checksum_covers_every_byte(saved, engine):
         with pytest.raises(UserError, match="manifest is damaged"):
             eng.load("ckpt")
     path.write_text(text)
-    assert_equal_state(eng.load("ckpt"), random_state())
+    assert_same_state(eng.load("ckpt"), random_state())
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
@@ -232,7 +216,7 @@ def test_baseline_missing_checkpoint(make_engine, targets, engine):
 
 def flip_a_byte_of(dirs: list[str], tensor: str) -> tuple[Path, int]:
     """Flip one byte in the middle of the last extent of `tensor`; returns (file, tensor byte)."""
-    m = manifest_json(dirs)
+    m = read_manifest(dirs)
     entry = next(e for e in m["tensors"] if e["path"] == f"[{tensor!r}]")
     t, off, length = entry["extents"][-1]
     before = sum(x[2] for x in entry["extents"][:-1])
@@ -384,7 +368,7 @@ def test_non_storable_value_is_named(make_engine, targets, engine, value, path, 
     assert f"{path}: " in str(e.value) and says in str(e.value)
     # Refused before anything was touched: the old checkpoint is still whole, nothing added.
     assert listing(dirs) == before
-    assert_equal_state(eng.load("ckpt"), good)
+    assert_same_state(eng.load("ckpt"), good)
     with pytest.raises(UserError):
         eng.save(value, "fresh")
     assert not any((Path(d) / "fresh").exists() for d in dirs)
@@ -400,7 +384,7 @@ def test_save_replaces_a_checkpoint_of_the_same_name(make_engine, targets, engin
     reader = make_engine(engine, dirs, chunk_bytes="8KiB")  # another reader of the same targets
     old_state = random_state(1)
     eng.save(old_state, "ckpt").wait()
-    old = manifest_json(dirs)
+    old = read_manifest(dirs)
     old_files = [data_file(dirs, int(t)) for t in old["files"]]
     assert len(old_files) == 3
 
@@ -414,7 +398,7 @@ def test_save_replaces_a_checkpoint_of_the_same_name(make_engine, targets, engin
             loaded: Any = reader.load("ckpt")
         except Exception as e:  # recorded, asserted below
             loaded = e
-        during.append((loaded, manifest_json(dirs), sorted(os.listdir(Path(dirs[0]) / "ckpt"))))
+        during.append((loaded, read_manifest(dirs), sorted(os.listdir(Path(dirs[0]) / "ckpt"))))
 
     monkeypatch.setattr(layout, "write_piece", spy)
     g = torch.Generator().manual_seed(2)
@@ -424,16 +408,16 @@ def test_save_replaces_a_checkpoint_of_the_same_name(make_engine, targets, engin
     assert len(during) >= 3  # the new save wrote a piece to every target
     for loaded, m, files in during:
         assert not isinstance(loaded, Exception), loaded
-        assert_equal_state(loaded, old_state)
+        assert_same_state(loaded, old_state)
         assert m == old
         # The new generation is written beside the old one, its marker with it.
         assert f"data-0.{result.save_id}.bin" in files
         assert f".saving-{result.save_id}" in files
         assert "manifest.json" in files and old["files"]["0"]["file"] in files
 
-    assert_equal_state(eng.load("ckpt"), new)
-    assert_equal_state(reader.load("ckpt"), new)
-    m = manifest_json(dirs)
+    assert_same_state(eng.load("ckpt"), new)
+    assert_same_state(reader.load("ckpt"), new)
+    m = read_manifest(dirs)
     assert m["save_id"] == result.save_id != old["save_id"]
     assert [e["path"] for e in m["tensors"]] == ["['x']", "['y']"]
     # The old generation is gone; each target holds the new data file (and the manifest) only.
@@ -491,13 +475,13 @@ def test_interrupted_save_keeps_the_old_checkpoint_and_is_cleaned(make_engine, t
     left = leave_interrupted_save(engine, dirs, "ckpt", KILLED)
     assert eng.status("ckpt") == "complete"
     assert sorted(generations.leftovers(dirs, "ckpt")) == left
-    assert_equal_state(eng.load("ckpt"), old)
+    assert_same_state(eng.load("ckpt"), old)
     # The next save of the name removes them; afterwards only its own generation is there.
     new = random_state(2)
     eng.save(new, "ckpt").wait()
     assert generations.leftovers(dirs, "ckpt") == []
     assert not any(os.path.exists(p) for p in left)
-    assert_equal_state(eng.load("ckpt"), new)
+    assert_same_state(eng.load("ckpt"), new)
     assert {d: len(files) for d, files in names_in(dirs, "ckpt").items()} == {
         d: len(files) for d, files in committed.items()
     }
@@ -517,7 +501,7 @@ def test_interrupted_first_save_is_incomplete(make_engine, targets, engine):
     assert eng.status("fresh") == "complete"
     assert generations.leftovers(dirs, "fresh") == []
     assert not any(os.path.exists(p) for p in left)
-    assert_equal_state(eng.load("fresh"), state)
+    assert_same_state(eng.load("fresh"), state)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
@@ -574,5 +558,5 @@ def test_the_leftover_scan_and_the_marker_wait_until_the_stall_is_over(
     monkeypatch.setattr(generations, "leftovers", real)
     assert not any(os.path.exists(p) for p in left)
     assert generations.leftovers(dirs, "ckpt") == []
-    assert manifest_json(dirs)["save_id"] == result.save_id
-    assert_equal_state(eng.load("ckpt"), new)
+    assert read_manifest(dirs)["save_id"] == result.save_id
+    assert_same_state(eng.load("ckpt"), new)

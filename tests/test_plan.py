@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,11 +22,6 @@ from bench.storage.tree import flatten
 from bench.workloads import synthetic_state
 
 SEP = (",", ":")
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bytes (random bytes hold NaNs, which torch.equal never finds equal)."""
-    return t.detach().contiguous().view(torch.uint8)
 
 
 def sample() -> dict[str, Any]:

@@ -19,10 +19,11 @@ from bench import cli, engines
 from bench.common import schema
 from bench.common.traits import BUILTIN, Traits
 from bench.engines import options as engine_options
+from bench.engines.base import ENGINE_MEMBERS, Engine
 from bench.measure import results
 from bench.storage.verify import first_difference, first_tensor_difference
 
-METHODS = ("unavailable", "warm", "save", "load", "delete", "cached_files", "close")
+METHODS = ENGINE_MEMBERS
 
 
 @pytest.mark.parametrize("name", ENGINES)
@@ -34,6 +35,10 @@ def test_every_registered_engine_keeps_the_contract(name, make_engine, targets):
         assert cls.traits == BUILTIN[name]  # runs made before env.json recorded traits
     for m in METHODS:
         assert callable(getattr(cls, m, None)), f"{name} lacks {m}()"
+    # the Protocol names every method the tuple lists, and the tuple every method it names
+    declared = {n for n, v in vars(Engine).items() if callable(v) or isinstance(v, classmethod)}
+    assert declared - {"__init__", "__subclasshook__"} >= set(METHODS)
+    assert {n for n in declared if not n.startswith("_")} == set(METHODS)
     assert list(inspect.signature(cls.unavailable).parameters) == ["options"]
     model = engines.options_model(name)
     assert issubclass(model, schema.Strict)

@@ -29,7 +29,7 @@ from bench.common import devices
 from bench.common.errors import UserError
 from bench.config import sweep as config
 from bench.engines import REGISTRY
-from bench.measure import results
+from bench.measure import detail, results
 from bench.measure import timers as measure
 from bench.run import plan
 from bench.run.sweep import Sweep
@@ -178,7 +178,8 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
         elif EMULATED:
             assert r["gds_mode"] == "emulated", where
         else:  # gds exactly when no file gave a reason for compat mode
-            reasons = json.loads(r["io_detail"] or "{}").get("compat_reasons") or []
+            d = detail.read(r["io_detail"])
+            reasons = (d.compat_reasons if isinstance(d, detail.GdsDetail) else None) or []
             assert r["gds_mode"] == ("compat" if reasons else "gds"), where
         tensor = 1 * MiB if r["workload"] == "synthetic-8MiB-1MiB" else 8 * MiB
         assert int(r["total_bytes"]) == 8 * MiB
@@ -208,7 +209,12 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
             assert int(r["pinned_bytes"]) >= 8 * MiB, where
         elif e == "dcp":  # its cached staging: one host copy of the state, kept across saves
             assert int(r["pinned_bytes"]) == 8 * MiB, where
-            assert json.loads(r["io_detail"]) == {"staging": "cached", "checkpointer": "thread"}
+            assert json.loads(r["io_detail"]) == {
+                "kind": "dcp",
+                "staging": "cached",
+                "checkpointer": "thread",
+            }
+            assert detail.read(r["io_detail"]) == detail.DcpDetail("cached", "thread")
         else:
             assert int(r["pinned_bytes"]) == 0, where
         if e in ("gds", "torch-save"):  # synchronous: durable when save() returns

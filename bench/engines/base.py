@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from bench.common.errors import UserError
 from bench.common.traits import Traits
+from bench.measure.detail import Detail
 
 
 @dataclass
@@ -47,7 +48,7 @@ class SaveResult:
     copied_tensors: int = 0  # tensors that needed a copy (non-contiguous) on a zero-copy path
     checksums: bool = False
     gds_mode: str = "none"  # gds engine: gds, compat or emulated; "none" for the others
-    extra: dict[str, Any] = field(default_factory=dict)
+    detail: Detail | None = None  # what it reports beyond the columns (bench.measure.detail)
 
 
 class PendingSave:
@@ -151,11 +152,14 @@ class StateSize:
 
 
 class Engine(Protocol):
-    """What every engine module provides (tests/test_engines.py checks each registered one)."""
+    """What every engine provides (tests/test_registry.py holds each registered one to it).
+    `bench.engines.create()` returns one behind the harness's clock (bench.measure.clock's
+    `Clocked`, whose save() returns the clock's TimedSave around this one's PendingSave)."""
 
     name: ClassVar[str]
     traits: ClassVar[Traits]  # what its data path is (bench.common.traits)
     targets: list[str]
+    options: Any  # its validated options (its registered model, bench.engines.options)
     pinned_bytes: int  # page-locked host memory it holds
     restore_mode: str  # how its last load() read: "host", or for gds into CUDA "gds"/"compat"
 
@@ -188,10 +192,36 @@ class Engine(Protocol):
     def cached_files(self, name: str) -> list[str]:
         """The files of checkpoint `name` (so a benchmark can drop them from the page cache)."""
 
+    def status(self, name: str) -> str:
+        """`complete`, `incomplete` (an interrupted save left files) or `absent`."""
+
+    def wait_idle(self) -> None:
+        """Wait until no save of its is persisting."""
+
+    def gds_mode(self) -> str:
+        """How its saves would be labelled here: gds, compat or emulated; "none" for the others."""
+
     def release(self) -> None:
         """Free what it holds between saves (staging, cached copies); `warm()` makes it again."""
 
     def close(self) -> None: ...
+
+
+ENGINE_MEMBERS = (
+    "unavailable",
+    "memory_plan",
+    "warm",
+    "save",
+    "load",
+    "check",
+    "delete",
+    "cached_files",
+    "status",
+    "wait_idle",
+    "gds_mode",
+    "release",
+    "close",
+)  # the Protocol's methods, by name (the registry's contract test checks each engine has them)
 
 
 def build_options(engine: str, given: dict[str, Any]) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, StateSize, build_options, check_name, check_targets
+from bench.measure.detail import Detail
 from bench.storage import generations, manifest
 
 POINTER = "current"
@@ -89,9 +90,7 @@ class BaselineEngine:
             old = generations.generation_files(self.targets[:1], name, previous)
         generations.remove_files(old + [os.path.join(d, f".saving-{save_id}")])
 
-    def _sync_save(
-        self, state: Any, name: str, write: Any, extra: dict[str, Any] | None = None
-    ) -> Any:
+    def _sync_save(self, state: Any, name: str, write: Any, detail: Detail | None = None) -> Any:
         """A synchronous save: `write(gen_dir)` writes and fsyncs the library's files into a new
         generation directory, committed atomically after: durable when save() returns, so the
         clock's stall is the whole durable write."""
@@ -103,7 +102,7 @@ class BaselineEngine:
             name=name,
             bytes=sum(t.numel() * t.element_size() for _, t in tensors),
             targets_used=1,
-            extra=extra or {},
+            detail=detail,
         )
         result.save_id = manifest.new_save_id()
         gen = self._begin(name, result.save_id)
@@ -146,6 +145,12 @@ class BaselineEngine:
 
     def warm(self, state: Any) -> None:
         """Nothing to pre-allocate: the library allocates as it goes."""
+
+    def wait_idle(self) -> None:
+        """Nothing persists in the background (dcp's own waits for its last save)."""
+
+    def gds_mode(self) -> str:
+        return "none"
 
     def cached_files(self, name: str) -> list[str]:
         sid = self._committed_id(name)

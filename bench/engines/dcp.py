@@ -21,6 +21,7 @@ from typing import Any
 from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, SaveResult, StateSize
 from bench.engines.baseline import BaselineEngine
+from bench.measure.detail import DcpDetail
 from bench.storage import manifest
 from bench.storage.tree import flatten
 
@@ -144,7 +145,7 @@ class Dcp(BaselineEngine):
             wait_prev_s=wait_prev,
             targets_used=1,
             save_id=save_id,
-            extra={"staging": self.options.staging, "checkpointer": self.options.checkpointer},
+            detail=DcpDetail(staging=self.options.staging, checkpointer=self.options.checkpointer),
         )
         result.pinned_bytes = self._staged_bytes
         pending = PendingSave(result)

@@ -25,6 +25,7 @@ from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize
 from bench.engines.baseline import BaselineEngine
+from bench.measure.detail import FastPersistDetail
 
 FILE = "state.pt"
 HOW_TO = (
@@ -148,14 +149,14 @@ class FastPersist(BaselineEngine):
             writer.close()  # drains the buffer and fsyncs the file
 
         o = self.options
-        extra = {
-            "block_bytes": o.block_bytes,
-            "queue_depth": o.queue_depth,
-            "threads": o.threads,
-            "buffer_bytes": o.buffer_bytes,
-            **({"workaround": self._workaround} if self._workaround else {}),
-        }
-        return self._sync_save(state, name, write, extra)
+        detail = FastPersistDetail(
+            block_bytes=o.block_bytes,
+            queue_depth=o.queue_depth,
+            threads=o.threads,
+            buffer_bytes=o.buffer_bytes,
+            workaround=self._workaround or None,
+        )
+        return self._sync_save(state, name, write, detail)
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         import torch

@@ -17,7 +17,6 @@ beside it. The stall and the time to durability are the harness's clock's
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +40,9 @@ from bench.engines.base import (
     check_name,
     check_targets,
 )
-from bench.storage import checksums, generations, layout, manifest, odirect, pacing
+from bench.engines.stripes import Job, StripeWriter
+from bench.measure.detail import SnapshotDetail
+from bench.storage import checksums, generations, layout, manifest, odirect
 from bench.storage.plan import SavePlan, walk
 from bench.storage.staging import COPY_PIECE, Staging, copy_tasks, run_copies
 from bench.storage.tree import flatten, unflatten
@@ -51,24 +52,10 @@ def _now() -> int:
     return time.perf_counter_ns()
 
 
-@dataclass
-class Job:
-    """One save on its way through an engine: its result, its plan, this save's tensors and
-    scalar values, and the checksums its persist records (one slot per tensor)."""
-
-    result: SaveResult
-    plan: SavePlan
-    tensors: list[torch.Tensor]
-    scalars: list[Any]
-    xxh3: list[str | None]
-    wsum64: list[str | None]
-    # The manifest and its text, rendered while the data is written (`prepare_manifest`)
-    manifest: manifest.Manifest | None = None
-    text: str | None = None
-
-
 class StripedEngine:
-    """Base of the three data paths; subclasses set `name`, `traits` and `_save()`."""
+    """What the three data paths share: options, targets, device, the plan of the last state
+    (bench.storage.plan), the StripeWriter that writes their files, and save() around the
+    engine's own part (`_place` a new plan, `_save` one save)."""
 
     name: ClassVar[str]
     traits: ClassVar[Traits]
@@ -77,8 +64,8 @@ class StripedEngine:
     def __init__(self, targets: list[str], **options: Any) -> None:
         self.options = build_options(self.name, options)
         self.targets = check_targets(self.name, targets)
-        self.o_direct = self.traits.o_direct
-        if self.o_direct:
+        o_direct = self.traits.o_direct
+        if o_direct:
             for t in self.targets:
                 reason = odirect.probe(t)
                 if reason:
@@ -87,21 +74,6 @@ class StripedEngine:
             self.device = detect(self.options.device)
         except UserError as e:
             raise UserError(f"engine {self.name}: {e}") from None
-        self.staging = Staging(self.device)
-        n_threads = self.options.threads_per_target * len(self.targets)
-        self._pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"{self.name}-io")
-        # gds copies nothing: no copy threads (its options have none)
-        copy_threads = getattr(self.options, "copy_threads", None)
-        n_copy = 1 if copy_threads is None else copy_threads or min(os.cpu_count() or 1, 8)
-        self._n_copy = n_copy
-        self._copy_pool = (
-            ThreadPoolExecutor(max_workers=n_copy, thread_name_prefix=f"{self.name}-copy")
-            if n_copy > 1
-            else None
-        )
-        self._pending: PendingSave | None = None
-        self._plan: SavePlan | None = None  # of the last state saved (bench.storage.plan)
-        self.overlap = self._resolve_overlap(n_copy)
         caps = self.options.max_write_bw
         if isinstance(caps, list | tuple) and len(caps) != len(self.targets):
             raise UserError(
@@ -109,8 +81,18 @@ class StripedEngine:
                 f"{len(self.targets)} targets"
             )
         caps = list(caps) if isinstance(caps, list | tuple) else [caps] * len(self.targets)
-        burst = self.options.chunk_bytes
-        self._buckets = [pacing.TokenBucket(c, burst) if c else None for c in caps]
+        self.writer = StripeWriter(
+            self.name,
+            self.targets,
+            o_direct=o_direct,
+            fallocate=self.options.fallocate,
+            chunk_bytes=self.options.chunk_bytes,
+            checksums=self.options.checksums,
+            caps=caps,
+            threads=self.options.threads_per_target * len(self.targets),
+        )
+        self._pending: PendingSave | None = None
+        self._plan: SavePlan | None = None  # of the last state saved (bench.storage.plan)
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
@@ -118,24 +100,16 @@ class StripedEngine:
 
     @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
-        """The direct path holds no staging (`Gds` adds its bounce buffers). A restore into new
-        memory reads every tensor into host memory (then to the device on CUDA); in place,
-        host tensors are read straight into their memory and device tensors one at a time
-        through host memory."""
+        """The direct path holds no staging (`Gds` adds its buffers). A restore into new memory
+        reads every tensor into host memory (then to the device on CUDA); in place, host
+        tensors are read straight into their memory and device tensors one at a time through
+        host memory."""
         return MemoryPlan(
             save=0,
             restore_host=size.nbytes,
             restore_device=size.nbytes if size.cuda else 0,
             in_place_host=size.largest if size.cuda else 0,
         )
-
-    def _resolve_overlap(self, n_copy: int) -> bool:
-        """`overlap: auto`: on when the snapshot is a DMA (CUDA) or the copy threads leave a
-        CPU free for the writes; off when they hold every CPU (see SnapshotOptions.overlap)."""
-        opt = getattr(self.options, "overlap", False)
-        if opt != "auto":
-            return bool(opt)
-        return self.device.is_cuda or n_copy < (os.cpu_count() or 1)
 
     # -- save -------------------------------------------------------------------------------
 
@@ -151,14 +125,14 @@ class StripedEngine:
         result.wait_prev_s = wait_prev
         pending = PendingSave(result)
         # A refusal raises here, before anything is written; the claim itself is written by
-        # `_prepare`, with this save's first file: after the stall on the snapshot engines,
-        # inside it with bounded staging (its first chunk is written while it copies).
+        # the writer's `prepare`, with this save's first file: after the stall on the snapshot
+        # engines, inside it with bounded staging (its first chunk is written while it copies).
         generations.check_claim(self.targets, name)
         try:
             with torch.no_grad():
                 self._save(pending, job)
         except BaseException:
-            self._abort(name, result.save_id)
+            self.writer.abort(name, result.save_id)
             raise
         self._pending = pending
         return pending
@@ -201,23 +175,6 @@ class StripedEngine:
     def gds_mode(self) -> str:
         return "none"
 
-    def _prepare(self, result: SaveResult) -> None:
-        """Claim the name for these targets (checked again: a list that claimed it since save()
-        began is refused here, before any file of this save exists), remove what interrupted
-        saves of the name left behind, then mark this save running. Called just before this
-        save's first file is opened, so that claim and marker come before any data: on the
-        snapshot engines that is in the background, after the stall (the claim creates the
-        name's folders and writes a record, 0.3 ms here and 1-1.5 ms right after a cache drop;
-        the leftover scan reads the committed manifest, ~1 ms for 256 tensors)."""
-        generations.claim(self.targets, result.name)
-        generations.remove_files(generations.leftovers(self.targets, result.name))
-        generations.begin(self.targets, result.name, result.save_id)
-
-    def _abort(self, name: str, save_id: str) -> None:
-        """A failed save removes its own files; the committed generation stays as it was."""
-        generations.remove_files(generations.generation_files(self.targets, name, save_id))
-        generations.release(self.targets, name)
-
     def _in_background(self, pending: PendingSave, persist: Any) -> None:
         """Run the persist phase in the background; on failure remove this save's files."""
         name, save_id = pending.result.name, pending.result.save_id
@@ -226,7 +183,7 @@ class StripedEngine:
             try:
                 persist()
             except BaseException:
-                self._abort(name, save_id)
+                self.writer.abort(name, save_id)
                 raise
 
         pending.run_in_background(run)
@@ -239,12 +196,11 @@ class StripedEngine:
         hash_views: list[Any],
     ) -> None:
         """Write every piece, hash, fsync files and directories, then commit the manifest."""
-        fds = self._open(job.result, file_bytes)
-        futures: list[Future] = []
+        fds = self.writer.open(job.result, file_bytes)
         try:
-            futures = [self._pool.submit(self._write_piece, fds[p.target], p) for p in pieces]
+            futures = self.writer.submit(fds, pieces)
         except BaseException:
-            self._close(fds, futures)
+            self.writer.close(fds, [])  # nothing was handed on, or the pool is shut: no write
             raise
         self._hash_and_drain(job, fds, futures, file_bytes, hash_views)
 
@@ -256,133 +212,18 @@ class StripedEngine:
         file_bytes: dict[int, int],
         views: list[Any],
     ) -> None:
-        """While the writes run: the checksums (`hash_s`); then wait, fsync and commit."""
+        """While the writes run: the checksums (`hash_s`) and the manifest's text; then wait,
+        fsync and commit."""
         try:
             if self.options.checksums:
                 h0 = _now()
-                self._hash_all(job, views)
+                job.xxh3[:] = [checksums.checksum(v) for v in views]
                 job.result.hash_s = (_now() - h0) / 1e9
-            self._prepare_manifest(job, file_bytes)
+            self.writer.prepare_manifest(job, file_bytes)
         except BaseException:
-            self._close(fds, futures)
+            self.writer.close(fds, futures)
             raise
-        self._drain(job, fds, futures, file_bytes)
-
-    def _prepare_manifest(self, job: Job, file_bytes: dict[int, int]) -> None:
-        """The manifest of this save and its text, once its checksums are known: rendered
-        while its data is still being written, so that only writing it is left after the
-        data is durable (3.3 MB and 12 ms of rendering for 20,000 tensors)."""
-        result, plan = job.result, job.plan
-        assert plan.table is not None
-        job.manifest = manifest.Manifest(
-            name=result.name,
-            engine=self.name,
-            targets=self.targets,
-            files={
-                t: {"file": manifest.data_file_name(t, result.save_id), "bytes": n}
-                for t, n in file_bytes.items()
-            },
-            tensors=plan.entries,  # their text, with this save's checksums, is tensors_json
-            tree=None,  # its text, with this save's scalars, is tree_json
-            checksums=self.options.checksums,
-            payload_bytes=result.bytes,
-            save_id=result.save_id,
-            extra={"chunk_bytes": self.options.chunk_bytes, "o_direct": self.o_direct},
-            tree_json=plan.tree_json(job.scalars),
-            tensors_json=plan.table.render(job.xxh3, job.wsum64),
-        )
-        job.text = job.manifest.to_json()
-
-    def _hash_all(self, job: Job, views: list[Any]) -> None:
-        """Record the checksum of every tensor's bytes (host memory: xxh3)."""
-        job.xxh3[:] = [checksums.checksum(v) for v in views]
-
-    def _open(self, result: SaveResult, file_bytes: dict[int, int]) -> dict[int, int]:
-        """Mark this save running (`_prepare`), then open its data file on every target that
-        gets data."""
-        self._prepare(result)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if self.o_direct else 0)
-        fds: dict[int, int] = {}
-        try:
-            for t, n in file_bytes.items():
-                path = layout.data_file(self.targets, result.name, t, result.save_id)
-                fds[t] = os.open(path, flags, 0o644)
-                if self.options.fallocate and n:
-                    odirect.preallocate(fds[t], n)
-        except BaseException:
-            self._close(fds, [])
-            raise
-        return fds
-
-    @staticmethod
-    def _close(fds: dict[int, int], futures: list[Future]) -> None:
-        """Close the files once no write is in flight (a write on a reused descriptor could land
-        in another file)."""
-        for f in futures:
-            if f is not None:
-                try:
-                    f.result()
-                except BaseException:  # the first error is raised by the caller
-                    pass
-        for fd in fds.values():
-            os.close(fd)
-
-    def _drain(
-        self,
-        job: Job,
-        fds: dict[int, int],
-        futures: list[Future],
-        file_bytes: dict[int, int],
-    ) -> None:
-        """Wait for the writes, trim the padding, fsync, close, then commit the manifest."""
-        try:
-            for f in futures:
-                if f is not None:
-                    f.result()
-            for t, fd in fds.items():
-                # O_DIRECT pads the last block; the file keeps exactly its data.
-                if os.fstat(fd).st_size != file_bytes[t]:
-                    os.ftruncate(fd, file_bytes[t])
-            list(self._pool.map(os.fsync, fds.values()))
-        finally:
-            self._close(fds, futures)
-        self._commit(job, file_bytes)
-
-    def _write_piece(self, fd: int, piece: layout.Piece) -> None:
-        """One piece, paced when its target carries a write-bandwidth cap."""
-        bucket = self._buckets[piece.target]
-        if bucket is not None:
-            bucket.take(piece.length)
-        layout.write_piece(fd, piece, self.o_direct)
-
-    def _commit(self, job: Job, file_bytes: dict[int, int]) -> None:
-        """Make the new files durable, switch the manifest to them, then drop the old generation."""
-        result = job.result
-        name, save_id = result.name, result.save_id
-        for t in self.targets:
-            manifest.fsync_dir(manifest.checkpoint_dir(t, name))
-            manifest.fsync_dir(t)
-        if job.manifest is None:
-            self._prepare_manifest(job, file_bytes)
-        assert job.manifest is not None
-        previous = manifest.committed(self.targets, name)
-        damaged = previous is None and os.path.exists(manifest.manifest_path(self.targets, name))
-        manifest.commit(self.targets, job.manifest, job.text)
-        done = generations.generation_files(self.targets, name, save_id)
-        old = []
-        if previous is not None and previous.save_id != save_id:
-            # Its data files, and its marker if a kill cut short the cleanup of its own commit.
-            old = layout.files_of(previous.targets, previous)
-            old += generations.generation_files(self.targets, name, previous.save_id)
-        elif damaged:
-            # The manifest replaced could not be read: its generation is unknown, but every
-            # file of a dead save other than this one is now a leftover (the old generation's
-            # data among them; a save still in flight is spared by its live marker).
-            old = generations.leftovers(self.targets, name, keep=save_id)
-        generations.remove_files(
-            old + [p for p in done if os.path.basename(p).startswith(".saving-")]
-        )
-        result.targets_used = len(file_bytes)
+        self.writer.drain(job, fds, futures, file_bytes)
 
     # -- load and housekeeping --------------------------------------------------------------
 
@@ -424,7 +265,9 @@ class StripedEngine:
                 layout.check_entry(self.targets, m, e, flat if e.wsum64 else flat.cpu())
 
     def warm(self, state: Any) -> None:
-        """Grow and pre-fault the staging buffer for `state` (no-op for the direct path)."""
+        """Plan `state`'s layout and make what its saves need, outside any timed region."""
+        self.wait_idle()
+        self._plan_for(state)
 
     def cached_files(self, name: str) -> list[str]:
         m = manifest.committed(self.targets, name)
@@ -436,12 +279,8 @@ class StripedEngine:
 
     def delete(self, name: str) -> None:
         check_name(name)
-        if self._pending is not None:
-            self._pending._done.wait()
-        generations.check_claim(self.targets, name)  # never another target list's checkpoint
-        manifest.uncommit(self.targets, name)
-        for t in self.targets:
-            shutil.rmtree(manifest.checkpoint_dir(t, name), ignore_errors=True)
+        self.wait_idle()
+        self.writer.delete(name)
 
     def wait_idle(self) -> None:
         """Wait until no save is persisting."""
@@ -449,22 +288,18 @@ class StripedEngine:
             self._pending._done.wait()
 
     def release(self) -> None:
-        """Free the staging (the next `warm()` or save allocates it again): a sweep releases
-        every engine's before it builds the next state, so that what is held is what the
-        preflight counted for that state."""
+        """Free what is held between saves (the next `warm()` or save makes it again): a sweep
+        releases every engine's before it builds the next state, so that what is held is what
+        the preflight counted for that state."""
         self.wait_idle()
-        self.staging.release()
 
     def close(self) -> None:
         self.wait_idle()
-        self._pool.shutdown(wait=True)
-        if self._copy_pool is not None:
-            self._copy_pool.shutdown(wait=True)
-        self.staging.release()
+        self.writer.shutdown()
 
     @property
     def pinned_bytes(self) -> int:
-        return self.staging.pinned_bytes
+        return 0
 
 
 def _host_bytes(t: torch.Tensor) -> np.ndarray:
@@ -614,7 +449,30 @@ class SnapshotEngine(StripedEngine):
     save of the layout), and each save walks the state, copies the small tensors with torch's
     batched copy and the large ones by pieces in the copy threads, and starts its persist."""
 
-    _packing: Packing | None = None
+    def __init__(self, targets: list[str], **options: Any) -> None:
+        super().__init__(targets, **options)
+        self.staging = Staging(self.device)
+        n_copy = self.options.copy_threads or min(os.cpu_count() or 1, 8)
+        self._n_copy = n_copy
+        self._copy_pool = (
+            ThreadPoolExecutor(max_workers=n_copy, thread_name_prefix=f"{self.name}-copy")
+            if n_copy > 1
+            else None
+        )
+        self.overlap = self._resolve_overlap(n_copy)
+        self._packing: Packing | None = None
+
+    def _resolve_overlap(self, n_copy: int) -> bool:
+        """`overlap: auto`: on when the snapshot is a DMA (CUDA) or the copy threads leave a
+        CPU free for the writes; off when they hold every CPU (see SnapshotOptions.overlap)."""
+        opt = self.options.overlap
+        if opt != "auto":
+            return bool(opt)
+        return self.device.is_cuda or n_copy < (os.cpu_count() or 1)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self.staging.pinned_bytes
 
     @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
@@ -676,16 +534,18 @@ class SnapshotEngine(StripedEngine):
         self._bound(plan)
 
     def release(self) -> None:
-        self.wait_idle()
+        super().release()
         if self._packing is not None:
             self._packing.unbind()
-        super().release()
+        self.staging.release()
 
     def close(self) -> None:
-        self.wait_idle()
+        super().close()
         if self._packing is not None:
             self._packing.unbind()
-        super().close()
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown(wait=True)
+        self.staging.release()
 
     def _save(self, pending: PendingSave, job: Job) -> None:
         if self.options.staging_chunks:
@@ -727,11 +587,11 @@ class SnapshotEngine(StripedEngine):
                 f()
         self.device.synchronize()
         result.pinned_bytes = self.staging.pinned_bytes
-        result.extra = {
-            "overlap": False,
-            "copy_s": (_now() - c0) / 1e9,
+        result.detail = SnapshotDetail(
+            copy_s=(_now() - c0) / 1e9,
+            overlap=False,
             **(self.staging.describe() if self.device.is_cuda else {}),
-        }
+        )
         self._in_background(pending, lambda: self._persist(job, pk.pieces, pk.file_bytes, pk.views))
 
     def _save_overlapped(self, pending: PendingSave, job: Job, pk: Packing) -> None:
@@ -757,7 +617,7 @@ class SnapshotEngine(StripedEngine):
                 continue
             flat = src.reshape(-1).view(torch.uint8)
             srcs[i] = flat.numpy() if flat.device.type == "cpu" else flat
-        fds_f = self._pool.submit(self._open, result, file_bytes)
+        fds_f = self.writer.pool.submit(self.writer.open, result, file_bytes)
         writes: list[Future | None] = [None] * len(pieces)
         stream = None
         if any(job.plan.cuda):
@@ -793,7 +653,7 @@ class SnapshotEngine(StripedEngine):
                 event.synchronize()
             held = copying.is_set() and gate.acquire()
             try:
-                self._write_piece(fds[pieces[j].target], pieces[j])
+                self.writer.write(fds[pieces[j].target], pieces[j])
             finally:
                 if held:
                     gate.release()
@@ -806,7 +666,7 @@ class SnapshotEngine(StripedEngine):
                 src = srcs.get(i)
                 if isinstance(src, np.ndarray):  # host; strided ones are in staging already
                     np.copyto(arr[a:b], src[a - offsets[i] : b - offsets[i]])
-            writes[j] = self._pool.submit(write, j, event)
+            writes[j] = self.writer.pool.submit(write, j, event)
 
         copies: list[Future] = []
         try:
@@ -842,15 +702,15 @@ class SnapshotEngine(StripedEngine):
                     f.result()
                 except BaseException:
                     pass
-            self._close(fds_f.result(), [f for f in writes if f is not None])
+            self.writer.close(fds_f.result(), [f for f in writes if f is not None])
             raise
         result.pinned_bytes = self.staging.pinned_bytes
         copying.clear()
-        result.extra = {
-            "overlap": True,
-            "copy_s": (_now() - c0) / 1e9,
+        result.detail = SnapshotDetail(
+            copy_s=(_now() - c0) / 1e9,
+            overlap=True,
             **(self.staging.describe() if self.device.is_cuda else {}),
-        }
+        )
         futures = [f for f in writes if f is not None]
         self._in_background(
             pending,
@@ -879,7 +739,7 @@ class SnapshotEngine(StripedEngine):
         hashers = [xxhash.xxh3_64() for _ in entries] if self.options.checksums else None
         ring, ring_arr = self.staging.tensor, self.staging.array
         slots: list[Future | None] = [None] * k
-        fds = self._open(result, file_bytes)
+        fds = self.writer.open(result, file_bytes)
         hash_ns, first = 0, 0
         c0 = _now()
         try:
@@ -909,17 +769,17 @@ class SnapshotEngine(StripedEngine):
                         hashers[i].update(ring_arr[a:b])
                     hash_ns += _now() - h0
                 piece = layout.Piece(j % n, (j // n) * chunk, ring_arr, base, hi - lo)
-                slots[j % k] = self._pool.submit(self._write_piece, fds[piece.target], piece)
+                slots[j % k] = self.writer.pool.submit(self.writer.write, fds[piece.target], piece)
         except BaseException:
-            self._close(fds, [f for f in slots if f is not None])
+            self.writer.close(fds, [f for f in slots if f is not None])
             raise
         if hashers is not None:
             job.xxh3[:] = [h.hexdigest() for h in hashers]
         result.hash_s = hash_ns / 1e9
         result.pinned_bytes = self.staging.pinned_bytes
-        result.extra = {
-            "copy_s": (_now() - c0) / 1e9,  # with the writes of all but the last K chunks
+        result.detail = SnapshotDetail(
+            copy_s=(_now() - c0) / 1e9,  # with the writes of all but the last K chunks
             **(self.staging.describe() if self.device.is_cuda else {}),
-        }
+        )
         futures = [f for f in slots if f is not None]
-        self._in_background(pending, lambda: self._drain(job, fds, futures, file_bytes))
+        self._in_background(pending, lambda: self.writer.drain(job, fds, futures, file_bytes))

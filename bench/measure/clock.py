@@ -81,10 +81,69 @@ class TimedSave:
 
 class Clocked:
     """An engine behind the harness's clock: `save()` reads the time on both sides of the
-    engine's own save() and returns a TimedSave; everything else is the engine's."""
+    engine's own save() and returns a TimedSave; the rest of the engine contract
+    (bench.engines.base.Engine) is the engine's, forwarded by name, and an engine's own extras
+    (its staging, its writer) are reached through `engine` or, forwarded, by attribute."""
 
     def __init__(self, engine: Any) -> None:
         object.__setattr__(self, "engine", engine)
+
+    # The contract, forwarded (bench.engines.base.Engine: what every engine provides).
+    @property
+    def name(self) -> str:
+        return str(self.engine.name)
+
+    @property
+    def traits(self) -> Any:
+        return self.engine.traits
+
+    @property
+    def targets(self) -> list[str]:
+        return list(self.engine.targets)
+
+    @property
+    def options(self) -> Any:
+        return self.engine.options
+
+    @property
+    def pinned_bytes(self) -> int:
+        return int(self.engine.pinned_bytes)
+
+    @property
+    def restore_mode(self) -> str:
+        return str(self.engine.restore_mode)
+
+    def warm(self, state: Any) -> None:
+        self.engine.warm(state)
+
+    def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
+        if into is None:  # an engine written before restores in place need not take `into`
+            return self.engine.load(name, device=device, checksums=checksums)
+        return self.engine.load(name, device=device, checksums=checksums, into=into)
+
+    def check(self, name: str, state: Any) -> None:
+        self.engine.check(name, state)
+
+    def delete(self, name: str) -> None:
+        self.engine.delete(name)
+
+    def cached_files(self, name: str) -> list[str]:
+        return list(self.engine.cached_files(name))
+
+    def status(self, name: str) -> str:
+        return str(self.engine.status(name))
+
+    def wait_idle(self) -> None:
+        self.engine.wait_idle()
+
+    def gds_mode(self) -> str:
+        return str(self.engine.gds_mode())
+
+    def release(self) -> None:
+        self.engine.release()
+
+    def close(self) -> None:
+        self.engine.close()
 
     def save(self, state: Any, name: str) -> TimedSave:
         t0 = now_ns()

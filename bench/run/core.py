@@ -24,11 +24,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench.common import cudasync
+from bench.common import cudasync, log
 from bench.common.errors import UserError
 from bench.config.sweep import engine_options
 from bench.engines import ENGINES, REGISTRY, create, environment_blocks
 from bench.measure import clock, env, results
+from bench.measure.clock import Clocked
 from bench.storage import odirect
 
 
@@ -99,7 +100,7 @@ class Core:
         if self.world.rank == 0:
             self.log(msg)
         else:
-            print(f"[rank {self.world.rank}] {msg}", file=sys.stderr)
+            log.for_rank(self.world.rank).warning(msg)
 
     def note(self, msg: str) -> None:
         """A line for env.json and the terminal summary (once)."""
@@ -142,7 +143,9 @@ class Core:
                         f"target {t}: {reason}; needed by {users} (use a disk-backed target)"
                     )
 
-    def create(self, engine: str, targets: list[str], caps: list[int | None] | None = None) -> Any:
+    def create(
+        self, engine: str, targets: list[str], caps: list[int | None] | None = None
+    ) -> Clocked:
         """Engine `engine` over `targets` with the config's options and the run's device (and
         the targets' write caps, for an engine that takes them)."""
         opts = engine_options(self.cfg, engine)

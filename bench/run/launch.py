@@ -12,6 +12,7 @@ import sys
 import tempfile
 from typing import Any
 
+from bench.common import log
 from bench.common.errors import UserError
 from bench.config import sweep as config_mod
 from bench.run.distributed.world import _STOP, RankLost, init_world
@@ -171,7 +172,7 @@ def worker_main(args: Any) -> int:
         os._exit(code)  # the process group may be half-built: do not wait on it at exit
     except RankLost as e:
         where = f" results so far are in {r.run_dir}." if r is not None and r.run_dir else ""
-        print(f"ckptbench: [rank {rank}] error: {e}.{where}", file=sys.stderr)
+        log.for_rank(rank).error(f"error: {e}.{where}")
         code = 1
         _exit_code(rank, code)
         sys.stderr.flush()

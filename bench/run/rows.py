@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.engines import REGISTRY
-from bench.measure import clock, columns, hostcost, results
+from bench.measure import clock, columns, detail, hostcost, results
 from bench.measure import efficiency as judge
 from bench.measure import timers as measure
 from bench.measure.efficiency import beaten
@@ -88,7 +88,7 @@ def save_phase(
     row.pinned_bytes = eng.pinned_bytes
     row.checksums, row.staging_grew = res.checksums, res.staging_grew
     row.copied_tensors = res.copied_tensors
-    row.io_detail = json.dumps(res.extra, sort_keys=True) if res.extra else ""
+    row.io_detail = detail.dumps(res.detail)
     columns.fill(row, sample)
     columns.fill(row, cost)  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
     row.write_efficiency, row.snapshot_efficiency = efficiency(row, ceilings)

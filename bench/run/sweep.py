@@ -31,6 +31,7 @@ from bench.engines import REGISTRY
 from bench.measure import ceiling, hostcost, results
 from bench.measure import env as env_mod
 from bench.measure import timers as measure
+from bench.measure.clock import Clocked
 from bench.measure.efficiency import rejudge_csv
 from bench.run import distributed as dist
 from bench.run import plan, preflight, rows
@@ -622,7 +623,7 @@ class Sweep:
             "another process took memory); way out: rerun when it is free, or a smaller size"
         )
 
-    def _build(self, wl: plan.Workload, g: plan.Group, engines: dict[str, Any]) -> Any:
+    def _build(self, wl: plan.Workload, g: plan.Group, engines: dict[str, Clocked]) -> Any:
         """This rank's state (its shard under torchrun) on its device, engines warmed (None:
         not active in this group)."""
         if self.world.rank >= g.k:
@@ -642,7 +643,7 @@ class Sweep:
         return state
 
     def _case(
-        self, g: plan.Group, wl: plan.Workload, engine: str, eng: Any, state: Any, i: int
+        self, g: plan.Group, wl: plan.Workload, engine: str, eng: Clocked | None, state: Any, i: int
     ) -> bool:
         """One repetition on every rank: aligned save, aligned restore, rows to rank 0. False
         when a restore in place failed or did not verify: the state may hold its wrong bytes."""
@@ -723,7 +724,7 @@ class Sweep:
             and bool(row.error or (cfg.verify and not row.verified))
         )
 
-    def _save(self, row: results.Row, eng: Any, state: Any, name: str, g: plan.Group) -> None:
+    def _save(self, row: results.Row, eng: Clocked, state: Any, name: str, g: plan.Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))
         try:
             hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
@@ -740,7 +741,7 @@ class Sweep:
     def _restore(
         self,
         row: results.Row,
-        eng: Any,
+        eng: Clocked,
         engine: str,
         state: Any,
         name: str,

@@ -7,12 +7,12 @@ import datetime as dt
 import os
 import re
 import socket
-import sys
 import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from bench.common import log
 from bench.common.errors import UserError
 
 SETUP_TIMEOUT_S = 600.0  # barriers around setup steps that only some ranks do (ceilings)
@@ -121,7 +121,7 @@ class TorchrunWorld:
             result, err = None, str(e)
         except Exception as e:  # reported on every rank
             result, err = None, error_text(e)
-            print(f"[rank {self.rank}] {traceback.format_exc()}", file=sys.stderr)
+            log.for_rank(self.rank).error(traceback.format_exc())
         self.barrier(where, timeout_s)
         errs = self.all_gather(err, where)
         bad = [(r, m) for r, m in enumerate(errs) if m]

@@ -40,6 +40,7 @@ from bench.common.errors import UserError
 from bench.config.training import NONE, TrainingConfig, param_count, resolved, state_bytes
 from bench.measure import clock, results
 from bench.measure import timers as measure
+from bench.measure.clock import Clocked
 from bench.run.core import Core
 from bench.run.training.model import Trainer, clone_state
 from bench.storage import verify
@@ -209,7 +210,7 @@ class TrainingRun:
         self.core.write(ckpt_rows, CKPTS_CSV)
 
     def _loop(
-        self, engine: str, tr: Trainer, eng: Any, prefix: str
+        self, engine: str, tr: Trainer, eng: Clocked | None, prefix: str
     ) -> tuple[list[StepRow], list[CheckpointRow]]:
         """The timed steps; returns (step rows, checkpoint rows)."""
         cfg = self.cfg
@@ -314,7 +315,7 @@ class TrainingRun:
                 self._made.remove(last.name)
         return steps, ckpts
 
-    def _delete(self, eng: Any, name: str) -> None:
+    def _delete(self, eng: Clocked, name: str) -> None:
         eng.delete(name)
         if name in self._made:
             self._made.remove(name)
