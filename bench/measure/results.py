@@ -202,8 +202,9 @@ class Row:
         "",
     )
     io_detail: str = column(
-        "What the engine reports of its I/O beyond the columns, as JSON (gds: kvikio's "
-        "settings, device/host/registered bytes, why a save was labelled compat).",
+        "What the engine reports of its save beyond the columns, as JSON with its `kind` "
+        "(bench.measure.detail; gds: kvikio's settings, device/host/registered bytes, why a "
+        "save was labelled compat); empty where it reports nothing.",
         "",
     )
     restore_mode: str = column(
