@@ -22,13 +22,14 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 endif
 
-.PHONY: bench test lint format engines gpu-wheels gpu-check gpu-rehearsal clean-scratch help
+.PHONY: bench test lint format columns engines gpu-wheels gpu-check gpu-rehearsal clean-scratch help
 
 help:
 	@echo "make bench    run $(CONFIG) (ARGS='--set repetitions=5' to override)"
 	@echo "make test     run the tests"
 	@echo "make engines  list the engines and whether each runs here"
 	@echo "make lint     ruff check + format check"
+	@echo "make columns  write README.md's columns tables from the row types"
 	@echo "make report   figures and report.md of the latest run (make plots: figures only)"
 	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
 	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
@@ -65,6 +66,10 @@ lint: $(BIN)/.installed
 format: $(BIN)/.installed
 	$(BIN)/ruff format bench analysis tests scripts
 	$(BIN)/ruff check --fix bench analysis tests scripts
+
+# README.md's columns tables, from the row types of bench/measure/results.py.
+columns: $(BIN)/.installed
+	$(BIN)/python scripts/columns.py
 
 gpu-wheels:
 	bash scripts/gpu_wheels.sh

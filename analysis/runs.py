@@ -150,48 +150,10 @@ def label(engine: str, tag: str) -> str:
     return f"{engine} [{tag}]" if tag else engine
 
 
-def _bool(s: pd.Series) -> pd.Series:
-    if s.dtype == bool:
-        return s
-    return s.astype(str).str.strip().str.lower().isin(["true", "1", "yes"])
-
-
-def _text(s: pd.Series, missing: str) -> pd.Series:
-    """A text column with `missing` for empty cells (pandas reads an all-empty column as NaN)."""
-    return s.astype(object).where(s.notna(), missing).astype(str)
-
-
-# Multi-rank columns and their value on rows of single-process runs that predate them.
-RANK_DEFAULTS = {
-    "rank": 0,
-    "world_size": 1,
-    "node": "",
-    "node_rank": 0,
-    "aggregate": False,
-    "ranks_active": 1,
-    "target_map": "",
-}
-
-
 def normalise(df: pd.DataFrame) -> pd.DataFrame:
-    """Types, empty strings for missing text, mode tags, derived bandwidths (GB/s) and costs per
-    tensor (us)."""
+    """Mode tags, derived bandwidths (GB/s) and costs per tensor (us) of rows read with their
+    types (bench.measure.results.read_rows: older runs' missing columns at their defaults)."""
     df = df.copy()
-    for c, v in RANK_DEFAULTS.items():
-        if c not in df:
-            df[c] = v
-        elif isinstance(v, str):
-            df[c] = _text(df[c], v)
-        elif isinstance(v, bool):
-            df[c] = _bool(df[c])
-        else:
-            df[c] = df[c].fillna(v).astype(int)
-    for c in ("warmup", "emulated", "verified", "checksums"):
-        if c in df:
-            df[c] = _bool(df[c])
-    df["error"] = _text(df["error"], "")
-    # Runs before the mode column was filled for every engine left it empty for non-gds engines.
-    df["gds_mode"] = _text(df["gds_mode"], "none").replace("", "none")
     df["tag"] = [mode_tag(r) for _, r in df.iterrows()]
     df["label"] = [label(e, t) for e, t in zip(df["engine"], df["tag"], strict=True)]
     s = df["total_bytes"].astype(float)
@@ -207,44 +169,6 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
     df["pinned_x"] = df["pinned_bytes"] / s
     df["page_cache_x"] = df["page_cache_peak_bytes"] / s
     return df
-
-
-# The columns a run must have: those of the first recorded runs. Columns added to
-# bench.measure.results.COLUMNS since (options, capped, efficiencies, ranks...) are optional here, so
-# older runs and the committed fixtures still load.
-REQUIRED = [
-    "run_id",
-    "case_id",
-    "engine",
-    "device",
-    "emulated",
-    "gds_mode",
-    "workload",
-    "total_bytes",
-    "tensor_bytes",
-    "n_tensors",
-    "n_targets",
-    "targets_used",
-    "rep",
-    "warmup",
-    "stall_s",
-    "persist_s",
-    "total_s",
-    "restore_s",
-    "hash_s",
-    "wait_prev_s",
-    "pinned_bytes",
-    "page_cache_peak_bytes",
-    "rss_peak_bytes",
-    "cpu_user_s",
-    "cpu_sys_s",
-    "staging_grew",
-    "copied_tensors",
-    "cache_dropped",
-    "dtype",
-    "verified",
-    "error",
-]
 
 
 def read_env(run_dir: str) -> dict[str, Any]:
@@ -267,12 +191,11 @@ def load(path: str) -> Run:
     if not os.path.isfile(csv_path):
         raise UserError(f"{path}: no results.csv here; is this a results/<run-id> folder?")
     try:
-        raw = results.read_rows(path)
+        raw = results.read_rows(path)  # typed by results.Row; refused without its first columns
+    except results.MissingColumns as e:
+        raise UserError(f"{csv_path}: {e}") from None
     except (ValueError, OSError) as e:
         raise UserError(f"{csv_path}: cannot read ({e})") from None
-    missing = [c for c in REQUIRED if c not in raw.columns]
-    if missing:
-        raise UserError(f"{csv_path}: lacks columns {', '.join(missing)}")
     env = read_env(path)
     rows = normalise(raw) if len(raw) else raw
     if rows.empty:

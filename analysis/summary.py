@@ -13,6 +13,7 @@ import pandas as pd
 from analysis import contention, runs, stats
 from bench.common import sizes
 from bench.common.errors import UserError
+from bench.measure import results
 from bench.measure.ceilings import Ceilings, Kind, RunCeilings
 
 COLUMNS = {  # summary_table column -> terminal header
@@ -173,7 +174,7 @@ def terminal(run_dir: str, notes: list[str]) -> list[str]:
     with open(os.path.join(run_dir, "env.json")) as f:
         env = json.load(f)
     out += ceiling_lines(env)
-    rows = runs.normalise(pd.read_csv(os.path.join(run_dir, "results.csv")))
+    rows = runs.normalise(results.read_rows(run_dir))
     for note in notes + mode_notes(rows):
         out.append(f"note: {note}")
     out.append(f"results: {run_dir}/results.csv, environment: {run_dir}/env.json")

@@ -22,10 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.runs import _bool, _text, label, mode_tag, order_engines, read_env
+from analysis.runs import label, mode_tag, order_engines, read_env
 from analysis.stats import fmt
 from bench.common.errors import UserError
-from bench.measure import results
+from bench.measure import columns, results
 
 STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
 NONE = "none"
@@ -77,9 +77,12 @@ class TrainingRun:
         return label(engine, "/".join(sorted(tags)))
 
 
-def _read(path: str) -> pd.DataFrame:
+def _read(path: str, kind: type) -> pd.DataFrame:
+    """A training file typed by its row type (bench.measure.results)."""
     try:
-        return pd.read_csv(path)
+        return results.read_csv(path, kind)
+    except results.MissingColumns as e:
+        raise UserError(f"{path}: {e}") from None
     except (ValueError, OSError) as e:
         raise UserError(f"{path}: cannot read ({e})") from None
 
@@ -89,16 +92,13 @@ def load(path: str) -> TrainingRun:
     sp, cp = os.path.join(path, STEPS_CSV), os.path.join(path, CKPTS_CSV)
     if not os.path.isfile(sp):
         raise UserError(f"{path}: no {STEPS_CSV} here; is this a `ckptbench train` run?")
-    steps = _read(sp)
+    steps = _read(sp, results.StepRow)
     if steps.empty:
         raise UserError(f"{sp}: no rows")
-    ckpts = _read(cp) if os.path.isfile(cp) else pd.DataFrame(columns=["engine"])
-    for df in (steps, ckpts):
-        for c in ("checkpoint", "during_persist", "warmup", "emulated"):
-            if c in df:
-                df[c] = _bool(df[c])
-        df["gds_mode"] = _text(df.get("gds_mode", pd.Series("none", index=df.index)), "none")
-    ckpts["error"] = _text(ckpts.get("error", pd.Series("", index=ckpts.index)), "")
+    if os.path.isfile(cp):
+        ckpts = _read(cp, results.CheckpointRow)
+    else:
+        ckpts = columns.frame(pd.DataFrame(columns=["engine"]), results.CheckpointRow)
     env = read_env(path)
     run_id = str(steps["run_id"].iloc[0]) if "run_id" in steps else os.path.basename(path)
     return TrainingRun(os.path.abspath(path), run_id, steps, ckpts, env)

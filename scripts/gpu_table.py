@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.measure import detail as io_detail  # noqa: E402
+from bench.measure import results  # noqa: E402
 from bench.measure.ceilings import RunCeilings  # noqa: E402
 
 
@@ -126,11 +127,7 @@ def merged_env(runs: list[Path]) -> dict:
 
 def rows(runs: list[Path]) -> pd.DataFrame:
     """Every stage's rows, in stage order (a stage cut short may hold none)."""
-    frames = [
-        pd.read_csv(r / "results.csv", dtype={"error": "string", "io_detail": "string"})
-        for r in runs
-        if (r / "results.csv").exists()
-    ]
+    frames = [results.read_rows(str(r)) for r in runs if (r / "results.csv").exists()]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bench import engines
+from bench.measure import results
 from bench.storage import odirect
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,28 @@ QUICK_CEILINGS = {
     "buffered_jobs": [1],
     "probes": False,
 }
+
+
+def result_row(**cells: Any) -> results.Row:
+    """A results.csv row of a made-up case (one 1 MiB tensor, one target), `cells` set."""
+    case: dict[str, Any] = {
+        "run_id": "r",
+        "case_id": "c",
+        "engine": "cpu-single",
+        "device": "host-emulated",
+        "emulated": True,
+        "workload": "w",
+        "total_bytes": 1 << 20,
+        "tensor_bytes": 1 << 20,
+        "n_tensors": 1,
+        "n_targets": 1,
+        "rep": 0,
+        "warmup": False,
+        "cache_dropped": False,
+        "dtype": "float32",
+        "options": "{}",
+    }
+    return results.Row(**(case | cells))
 
 
 def scratch_base() -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK_CEILINGS
+from conftest import QUICK_CEILINGS, result_row
 
 from bench import engines
 from bench.common import devices
@@ -212,9 +212,8 @@ def test_a_persist_error_reaches_wait_and_the_row() -> None:
             pending.run_in_background(fail)
             return pending
 
-    row: dict[str, Any] = {"engine": "cpu-single"}
     with pytest.raises(OSError, match="No space left"):
-        rows.save_phase(row, Failing(), None, "ck", None)
+        rows.save_phase(result_row(), Failing(), None, "ck", None)
 
 
 def test_clocked_forwards_the_engine() -> None:

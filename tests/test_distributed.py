@@ -24,12 +24,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import REPO, scratch_base
+from conftest import REPO, result_row, scratch_base
 
 from bench import engines
 from bench.common.errors import UserError
 from bench.config import sweep as config
-from bench.measure import results
+from bench.measure import columns, results
 from bench.run import distributed
 from bench.run import rows as rowlib
 from bench.storage import odirect
@@ -136,12 +136,8 @@ def _row(
     cache: int,
     error: str = "",
     verified: bool = True,
-) -> dict[str, Any]:
-    row = {c: None for c in results.COLUMNS}
-    row.update(
-        run_id="r",
-        case_id="c",
-        engine="cpu-single",
+) -> results.Row:
+    return result_row(
         total_bytes=nbytes,
         n_tensors=2,
         targets_used=2,
@@ -171,7 +167,6 @@ def _row(
         ranks_active=3,
         target_map="shared",
     )
-    return row
 
 
 def test_aggregate_row_is_max_of_times_and_sum_of_bytes() -> None:
@@ -181,16 +176,35 @@ def test_aggregate_row_is_max_of_times_and_sum_of_bytes() -> None:
         _row(2, 1, 0.2, 0.9, 8 * MiB, 5),
     ]
     agg = rowlib.aggregate(rows)
-    assert set(agg) == set(results.COLUMNS)
-    assert (agg["stall_s"], agg["total_s"], agg["restore_s"]) == (0.3, 0.9, 0.45)
-    assert agg["persist_s"] == pytest.approx(0.6)
-    assert agg["total_bytes"] == 16 * MiB and agg["pinned_bytes"] == 16 * MiB
-    assert agg["n_tensors"] == 6 and agg["targets_used"] == 6
-    assert agg["cpu_user_s"] == 1.5 and agg["rss_peak_bytes"] == 300
-    assert agg["page_cache_peak_bytes"] == 30 + 5  # per node the max, summed over nodes
-    assert agg["verified"] and agg["error"] == ""
-    assert (agg["rank"], agg["node"], agg["node_rank"], agg["aggregate"]) == (-1, "", -1, True)
-    assert (agg["world_size"], agg["ranks_active"], agg["target_map"]) == (4, 3, "shared")
+    assert isinstance(agg, results.Row)
+    assert (agg.stall_s, agg.total_s, agg.restore_s) == (0.3, 0.9, 0.45)
+    assert agg.persist_s == pytest.approx(0.6)
+    assert agg.total_bytes == 16 * MiB and agg.pinned_bytes == 16 * MiB
+    assert agg.n_tensors == 6 and agg.targets_used == 6
+    assert agg.cpu_user_s == 1.5 and agg.rss_peak_bytes == 300
+    assert agg.page_cache_peak_bytes == 30 + 5  # per node the max, summed over nodes
+    assert agg.verified and agg.error == ""
+    assert (agg.rank, agg.node, agg.node_rank, agg.aggregate) == (-1, "", -1, True)
+    assert (agg.world_size, agg.ranks_active, agg.target_map) == (4, 3, "shared")
+    assert (agg.checksums, agg.cache_dropped, agg.staging_grew) == (True, True, False)
+
+
+def test_the_aggregate_combines_each_column_by_the_rule_its_type_declares() -> None:
+    """Every column's rule (results.Row), held against ranks whose values differ: `first` is
+    rank 0's, `max`/`sum` empty where a rank has none, and every `own` column set by the
+    aggregate itself (none left at its default by an oversight)."""
+    rows = [_row(0, 0, 0.1, 0.5, MiB, 10), _row(1, 1, 0.3, 0.4, 2 * MiB, 30)]
+    rows[0].restore_resident_bytes, rows[1].restore_resident_bytes = 4096, 8192
+    rows[1].staging_grew, rows[1].capped, rows[1].checksums = True, True, False
+    rows[1].io_detail, rows[1].gds_mode = '{"x": 1}', "compat"
+    agg = rowlib.aggregate(rows)
+    assert agg.restore_resident_bytes == 4096 + 8192
+    assert (agg.staging_grew, agg.capped, agg.checksums) == (True, True, False)
+    assert (agg.io_detail, agg.gds_mode) == ("", "none")  # the first rank's
+    rows[1].hash_s = None
+    assert rowlib.aggregate(rows).hash_s is None  # a rank without it: none for the job
+    own = {c.name for c in columns.columns(results.Row) if c.ranks == "own"}
+    assert set(rowlib._own_columns(rows)) == own
 
 
 def test_a_failure_on_one_rank_fails_the_repetition_on_all() -> None:
@@ -201,13 +215,13 @@ def test_a_failure_on_one_rank_fails_the_repetition_on_all() -> None:
     ]
     bad = rowlib.fail_together(rows, check=True)
     assert bad is rows[1]
-    assert rows[0]["error"] == "failed on rank 1: OSError: disk full"
-    assert rows[1]["error"] == "OSError: disk full"
-    assert rows[2]["error"] == "failed on rank 1: OSError: disk full"
+    assert rows[0].error == "failed on rank 1: OSError: disk full"
+    assert rows[1].error == "OSError: disk full"
+    assert rows[2].error == "failed on rank 1: OSError: disk full"
     agg = rowlib.aggregate(rows)
-    assert agg["error"] == "rank 1: OSError: disk full" and not agg["verified"]
+    assert agg.error == "rank 1: OSError: disk full" and not agg.verified
     clean = [_row(0, 0, 0.1, 0.5, MiB, 0)]
-    assert rowlib.fail_together(clean, check=True) is None and clean[0]["error"] == ""
+    assert rowlib.fail_together(clean, check=True) is None and clean[0].error == ""
 
 
 def test_monitored_barrier_errors_name_the_lost_ranks() -> None:
@@ -332,12 +346,14 @@ def test_two_ranks_rows_and_aggregates(two_ranks: dict[str, Any]) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     df = _rows(two_ranks["run_dir"])
     assert list(df.columns) == results.COLUMNS
-    assert set(df["world_size"]) == {2} and set(df["node"].dropna()) == {socket.gethostname()}
+    assert set(df["world_size"]) == {2}
+    assert set(df.loc[~df["aggregate"], "node"]) == {socket.gethostname()}
+    assert set(df.loc[df["aggregate"], "node"]) == {""}
     # 1 rank once (under the first mapping) + 2 ranks per mapping; 3 engines; warm-up + 1 rep
     groups = {(m, k) for m, k in zip(df["target_map"], df["ranks_active"], strict=True)}
     assert groups == {("shared", 1), ("shared", 2), ("dedicated", 2)}
     assert len(df) == 3 * 2 * (2 + 3 + 3)
-    assert not df["error"].notna().any()
+    assert (df["error"] == "").all()
     _check_aggregates(df, 16 * MiB)
     per2 = df[~df["aggregate"] & (df["ranks_active"] == 2)]
     assert set(per2["total_bytes"]) == {8 * MiB}  # the total split evenly
@@ -521,7 +537,7 @@ def test_failed_and_killed_ranks_fail_the_case_without_a_hang() -> None:
             -1: f"rank 1: {injected}",
         }
         r1 = df[df["rep"] == 1]
-        assert len(r1) == 3 and r1["verified"].all() and r1["error"].isna().all()
+        assert len(r1) == 3 and r1["verified"].all() and (r1["error"] == "").all()
         r2 = df[df["rep"] == 2].set_index("rank")
         assert sorted(r2.index) == [-1, 0]  # rank 1 never answered
         lost = f"rank 1 lost before the restore of {case} rep 2 (killed, crashed, or not there within the timeout)"

@@ -23,6 +23,7 @@ What holds on a busy machine, and so what is asserted:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -33,9 +34,10 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import result_row
 
 from bench.engines.base import PendingSave, SaveResult
-from bench.measure import hostcost
+from bench.measure import columns, hostcost, results
 from bench.measure import timers as measure
 from bench.run import rows
 
@@ -178,14 +180,14 @@ def busy_other() -> Iterator[None]:
 def measured(eng: BurnEngine, host: hostcost.Host) -> tuple[dict[str, Any], tuple[float, float]]:
     """One save through rows.save_phase (as the sweep does); the row, the kernel's own work
     over the same interval and the ticks' slack (`kernel_between`)."""
-    row: dict[str, Any] = {"total_bytes": 0}
+    row = result_row(total_bytes=0)
     a = kernel_work()
     try:
         rows.save_phase(row, eng, None, "x", None, host=host)
     finally:
         eng.close()
     b = kernel_work()
-    return row, kernel_between(a, b)
+    return columns.values(row), kernel_between(a, b)
 
 
 def process(row: dict[str, Any]) -> float:
@@ -486,22 +488,22 @@ def test_sweep_rows_and_env_carry_the_host_cost(tmp_path: Path) -> None:
 def test_the_aggregate_of_ranks_counts_each_nodes_kernel_work_once() -> None:
     # Two ranks on node 0, one on node 1. Each rank's host figure is its own process plus
     # its node's kernel work; the aggregate adds the processes and each node's kernel once.
-    def row(rank: int, node: int, proc: float, host: float, busy: float) -> dict[str, Any]:
-        return {
-            "rank": rank,
-            "node_rank": node,
-            "cpu_user_s": proc,
-            "cpu_sys_s": 0.0,
-            "stall_cpu_s": proc / 2,
-            "host_cpu_s": host,
-            "stall_host_cpu_s": host / 2,
-            "host_busy_s": busy,
-            "host_others_cpu_s": 1.0,
-            "host_baseline_cores": 0.01,
-            "meter_cpu_s": 0.01,
-            "dram_bytes": None,
-            "stall_dram_bytes": None,
-        }
+    def row(rank: int, node: int, proc: float, host: float, busy: float) -> results.Row:
+        return result_row(
+            rank=rank,
+            node_rank=node,
+            cpu_user_s=proc,
+            cpu_sys_s=0.0,
+            stall_cpu_s=proc / 2,
+            host_cpu_s=host,
+            stall_host_cpu_s=host / 2,
+            host_busy_s=busy,
+            host_others_cpu_s=1.0,
+            host_baseline_cores=0.01,
+            meter_cpu_s=0.01,
+            dram_bytes=None,
+            stall_dram_bytes=None,
+        )
 
     rows_ = [row(0, 0, 1.0, 1.3, 3.0), row(1, 0, 2.0, 2.2, 3.1), row(2, 1, 1.0, 1.1, 1.5)]
     agg = rows._host_aggregate(rows_)
@@ -511,28 +513,26 @@ def test_the_aggregate_of_ranks_counts_each_nodes_kernel_work_once() -> None:
     assert agg["host_busy_s"] == pytest.approx(3.1 + 1.5)
     assert agg["host_others_cpu_s"] is None  # the other ranks are each other's "others"
     assert agg["dram_bytes"] is None
-    rows_[1]["host_cpu_s"] = None  # a rank without the figure: none for the job
+    rows_[1].host_cpu_s = None  # a rank without the figure: none for the job
     assert rows._host_aggregate(rows_)["host_cpu_s"] is None
 
 
 def test_a_resumed_results_csv_keeps_its_columns(tmp_path: Path) -> None:
     # A run begun before the host columns, resumed by this version: its rows must still parse.
-    from bench.measure import results
-
-    path = tmp_path / "results.csv"
-    old = [c for c in results.COLUMNS if c not in rows.HOST_COLUMNS]
-    w = results.RowWriter(str(path), old)
-    w.write({c: 1 for c in old})
-    w.close()
-    w = results.RowWriter(str(path))  # today's columns, appending
-    w.write({c: 2 for c in results.COLUMNS})
-    w.close()
     import csv
 
+    path = tmp_path / "results.csv"
+    host = {f.name for f in dataclasses.fields(hostcost.Cost)} - {"cpu_user_s", "cpu_sys_s"}
+    old = [c for c in results.COLUMNS if c not in host]
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([old, ["1"] * len(old)])
+    w = results.RowWriter(str(path))  # today's columns, appending
+    w.write(result_row(run_id="2", host_cpu_s=2.0))
+    w.close()
     with open(path, newline="") as f:
         got = list(csv.reader(f))
     assert got[0] == old and all(len(r) == len(old) for r in got)
-    assert got[2] == ["2"] * len(old)
+    assert dict(zip(old, got[2], strict=True))["run_id"] == "2"
 
 
 class ClockImc:

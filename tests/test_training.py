@@ -24,6 +24,7 @@ from bench import engines
 from bench.cli import main
 from bench.common.errors import UserError
 from bench.config import training
+from bench.measure import columns, results
 from bench.run.training import loop
 from bench.storage import odirect, verify
 
@@ -172,7 +173,7 @@ def tiny_run() -> Iterator[tuple[str, dict[tuple[str, int], Any], dict[str, Any]
 def test_step_rows(tiny_run: tuple) -> None:
     run_dir, _, _ = tiny_run
     steps = pd.read_csv(Path(run_dir) / loop.STEPS_CSV)
-    assert list(steps.columns) == loop.STEP_COLUMNS
+    assert list(steps.columns) == columns.names(results.StepRow)
     assert steps.groupby("engine", sort=False).size().to_dict() == {e: STEPS for e in ENGINES}
     for e, g in steps.groupby("engine"):
         assert g["step"].tolist() == list(range(STEPS))
@@ -201,7 +202,7 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
     run_dir, _, _ = tiny_run
     steps = pd.read_csv(Path(run_dir) / loop.STEPS_CSV)
     ck = pd.read_csv(Path(run_dir) / loop.CKPTS_CSV)
-    assert list(ck.columns) == loop.CKPT_COLUMNS
+    assert list(ck.columns) == columns.names(results.CheckpointRow)
     assert ck["error"].isna().all()
     warm = ck[ck["warmup"]]
     assert warm.groupby("engine").size().to_dict() == {"cpu-single": 1, "gds": 1, "torch-save": 1}

@@ -205,7 +205,9 @@ class Baseline:
 
 @dataclass(frozen=True)
 class Cost:
-    """A save's cost to the host, in the result columns' names (seconds, bytes)."""
+    """A save's cost to the host, in the result columns' names (seconds, bytes): each field is a
+    column of bench.measure.results.Row, documented there, and fills it
+    (bench.measure.columns.fill)."""
 
     cpu_user_s: float  # this process and its children, the measurement's own CPU taken away
     cpu_sys_s: float
@@ -218,9 +220,6 @@ class Cost:
     meter_cpu_s: float  # the measurement's own CPU (readings, sampler thread), taken away
     dram_bytes: int | None = None  # IMC read + write bytes, baseline taken away; None: no IMC
     stall_dram_bytes: int | None = None
-
-    def columns(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class Span:

@@ -225,16 +225,16 @@ class Core:
         self.env["notes"] = sorted(set(self.env.get("notes", []) + self.notes))
         results.write_json(os.path.join(self.run_dir, "env.json"), self.env)
 
-    def open_writers(self, files: dict[str, list[str]]) -> None:
-        """Rank 0: a row writer per file (appending when resumed)."""
+    def open_writers(self, files: dict[str, type]) -> None:
+        """Rank 0: a row writer per file, by its row type (appending when resumed)."""
         if self.world.rank == 0:
             assert self.run_dir is not None
             self.writers = {
-                f: results.RowWriter(os.path.join(self.run_dir, f), cols)
-                for f, cols in files.items()
+                f: results.RowWriter(os.path.join(self.run_dir, f), kind)
+                for f, kind in files.items()
             }
 
-    def write(self, rows: list[dict[str, Any]], file: str = "results.csv") -> None:
+    def write(self, rows: list[Any], file: str = "results.csv") -> None:
         if self.world.rank == 0:
             for r in rows:
                 self.writers[file].write(r)

@@ -1,8 +1,9 @@
 """Result rows: one repetition measured in phases (save until durable, restore and compare),
 its efficiency against the run's ceilings, and the aggregate row of a multi-rank repetition.
 
-bench.run.sweep runs the phases (with barriers between them under torchrun); bench.measure.results writes
-the rows; analysis reads them.
+bench.run.sweep runs the phases (with barriers between them under torchrun) on rows it builds
+(bench.measure.results.Row, whose type also says how the aggregate row combines each column);
+bench.measure.results writes them; analysis reads them.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import socket
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.engines import REGISTRY
-from bench.measure import clock, detail, hostcost, results
+from bench.measure import clock, columns, detail, hostcost, results
 from bench.measure import efficiency as judge
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings
@@ -22,12 +23,13 @@ from bench.measure.efficiency import beaten
 from bench.storage import verify
 
 
-def efficiency(row: dict[str, Any], ceilings: Ceilings | None) -> tuple[Any, Any]:
+def efficiency(row: results.Row | Mapping[str, Any], ceilings: Ceilings | None) -> tuple[Any, Any]:
     """The row's (write, snapshot) efficiency (bench.measure.efficiency), judged by the traits
     its engine declares; (None, None) without ceilings or a time to judge."""
-    if ceilings is None or not row.get("total_s"):
+    cells = row if isinstance(row, Mapping) else columns.values(row)
+    if ceilings is None or not cells.get("total_s"):
         return None, None
-    return judge.efficiency(row, ceilings, REGISTRY[row["engine"]].traits)
+    return judge.efficiency(dict(cells), ceilings, REGISTRY[cells["engine"]].traits)
 
 
 def tensor_stats(state: Any) -> tuple[int, int]:
@@ -38,83 +40,14 @@ def tensor_stats(state: Any) -> tuple[int, int]:
     return len(tensors), sum(t.numel() * t.element_size() for _, t in tensors)
 
 
-def new_row(
-    cfg: Any,
-    run_id: str,
-    case_id: str,
-    engine: str,
-    eng: Any,
-    device: Any,
-    w: Any,
-    total: int,
-    n_tensors: int,
-    n_targets: int,
-    warm: bool,
-    rep: int,
-    cache_dropped: bool,
-    capped: bool,
-) -> dict[str, Any]:
-    """A result row with the case's identity filled and every measurement empty; a
-    single-process row (rank 0 of 1 on this host)."""
+def options_json(eng: Any) -> str:
+    """The `options` column: the engine's options as JSON with sorted keys (`{}`: none)."""
     opts = getattr(eng, "options", None)
-    return {
-        "run_id": run_id,
-        "case_id": case_id,
-        "engine": engine,
-        "device": device.kind,
-        "emulated": device.emulated,
-        "gds_mode": "none",
-        "workload": w.id,
-        "total_bytes": total,
-        "tensor_bytes": w.tensor_bytes,
-        "n_tensors": n_tensors,
-        "n_targets": n_targets,
-        "targets_used": 0,
-        "rep": rep,
-        "warmup": warm,
-        "stall_s": None,
-        "persist_s": None,
-        "total_s": None,
-        "restore_s": None,
-        "hash_s": None,
-        "wait_prev_s": None,
-        "pinned_bytes": None,
-        "page_cache_peak_bytes": None,
-        "rss_peak_bytes": None,
-        "cpu_user_s": None,
-        "cpu_sys_s": None,
-        "checksums": False,
-        "staging_grew": False,
-        "copied_tensors": 0,
-        "cache_dropped": cache_dropped,
-        "dtype": cfg.dtype if w.model is None else w.model.dtype,
-        "options": json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}",
-        "capped": capped,
-        "write_efficiency": None,
-        "snapshot_efficiency": None,
-        "ceiling_beaten": False,
-        "verified": False,
-        "error": "",
-        "rank": 0,
-        "world_size": 1,
-        "node": socket.gethostname(),
-        "node_rank": 0,
-        "aggregate": False,
-        "ranks_active": 1,
-        "target_map": "",
-        "io_detail": "",
-        "restore_mode": "",
-        "restore_resident_bytes": None,
-        "restore_into": None,
-        **{c: None for c in HOST_COLUMNS},
-    }
-
-
-HOST_COLUMNS = results.HOST_COLUMNS  # what a save cost the host, filled by save_phase
+    return json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}"
 
 
 def save_phase(
-    row: dict[str, Any],
+    row: results.Row,
     eng: Any,
     state: Any,
     name: str,
@@ -147,28 +80,22 @@ def save_phase(
     finally:
         cost = meter.stop()
         sample = sampler.stop()
-    row.update(
-        gds_mode=res.gds_mode,
-        targets_used=res.targets_used,
-        stall_s=res.stall_s,
-        persist_s=res.persist_s,
-        total_s=res.total_s,
-        hash_s=res.hash_s,
-        wait_prev_s=res.wait_prev_s,
-        pinned_bytes=eng.pinned_bytes,
-        checksums=res.checksums,
-        staging_grew=res.staging_grew,
-        copied_tensors=res.copied_tensors,
-        **dataclasses.asdict(sample),
-        io_detail=detail.dumps(res.detail),
-    )
-    row.update(cost.columns())  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
-    row["write_efficiency"], row["snapshot_efficiency"] = efficiency(row, ceilings)
-    row["ceiling_beaten"] = beaten(row["write_efficiency"], row["snapshot_efficiency"])
+    row.gds_mode = res.gds_mode
+    row.targets_used = res.targets_used
+    row.stall_s, row.persist_s, row.total_s = res.stall_s, res.persist_s, res.total_s
+    row.hash_s, row.wait_prev_s = res.hash_s, res.wait_prev_s
+    row.pinned_bytes = eng.pinned_bytes
+    row.checksums, row.staging_grew = res.checksums, res.staging_grew
+    row.copied_tensors = res.copied_tensors
+    row.io_detail = detail.dumps(res.detail)
+    columns.fill(row, sample)
+    columns.fill(row, cost)  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
+    row.write_efficiency, row.snapshot_efficiency = efficiency(row, ceilings)
+    row.ceiling_beaten = beaten(row.write_efficiency, row.snapshot_efficiency)
 
 
 def restore_phase(
-    row: dict[str, Any],
+    row: results.Row,
     eng: Any,
     engine: str,
     state: Any,
@@ -189,15 +116,15 @@ def restore_phase(
     checks the world size first)."""
     files = eng.cached_files(name)
     measure.evict_files(files)
-    row["restore_resident_bytes"] = measure.resident_bytes(files)
+    row.restore_resident_bytes = measure.resident_bytes(files)
     in_place = fingerprint is not None
-    row["restore_into"] = "in-place" if in_place else "fresh"
+    row.restore_into = "in-place" if in_place else "fresh"
     kw = {"into": state} if in_place else {}
     t0 = measure.now_ns()
     loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False, **kw)
     device.synchronize()
-    row["restore_s"] = (measure.now_ns() - t0) / 1e9
-    row["restore_mode"] = getattr(eng, "restore_mode", "host")
+    row.restore_s = (measure.now_ns() - t0) / 1e9
+    row.restore_mode = getattr(eng, "restore_mode", "host")
     eng.check(name, loaded)
     if check:
         if in_place:
@@ -206,9 +133,9 @@ def restore_phase(
             loose = REGISTRY[engine].traits.loose_keys
             compare = verify.first_tensor_difference if loose else verify.first_difference
             diff = compare(state, loaded)
-        row["verified"] = diff is None
+        row.verified = diff is None
         if diff:
-            row["error"] = f"restored state differs at {diff}"
+            row.error = f"restored state differs at {diff}"
     del loaded
 
 
@@ -231,116 +158,106 @@ def delete_checkpoint(eng: Any, name: str, log: Any) -> None:
 # --- multi-rank repetitions: a rank's failure fails all; the aggregate row ---------------
 
 
-def _num(rows: list[dict[str, Any]], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if r.get(key) is not None]
+def _combine(rule: str, vals: list[Any]) -> Any:
+    """The ranks' values of one column combined by its rule (bench.measure.columns.Ranks);
+    `max` and `sum` are None where a rank has none."""
+    if rule == "first":
+        return vals[0]
+    if rule == "all":
+        return all(bool(v) for v in vals)
+    if rule == "any":
+        return any(bool(v) for v in vals)
+    if any(v is None for v in vals):
+        return None
+    return max(vals) if rule == "max" else sum(vals)
 
 
-def aggregate(rows: list[dict[str, Any]], ceilings: Ceilings | None = None) -> dict[str, Any]:
+def aggregate(rows: list[results.Row], ceilings: Ceilings | None = None) -> results.Row:
     """The aggregate row of one repetition from its per-rank rows (at least one).
 
-    stall_s, total_s, restore_s, hash_s, wait_prev_s: the maximum over ranks (the job waits for
-    its slowest rank); persist_s = total_s - stall_s; bytes, tensors, targets used, pinned and
-    resident memory, CPU time: sums; page-cache growth: per node the maximum over its ranks (each
-    rank samples its whole host), summed over nodes; verified: every rank verified; error: the
-    error of the rank it failed on, prefixed with that rank; efficiencies against the run's
-    ceilings (measured by one process) as for a single-process row.
-    """
-    first = rows[0]
-    out = {c: first.get(c) for c in results.COLUMNS}
-
-    def top(key: str) -> float | None:
-        v = _num(rows, key)
-        return max(v) if len(v) == len(rows) else None
-
-    def total(key: str) -> float | None:
-        v = _num(rows, key)
-        return sum(v) if len(v) == len(rows) else None
-
-    out.update(
-        total_bytes=sum(int(r["total_bytes"]) for r in rows),
-        n_tensors=sum(int(r["n_tensors"]) for r in rows),
-        targets_used=sum(int(r["targets_used"] or 0) for r in rows),
-        stall_s=top("stall_s"),
-        total_s=top("total_s"),
-        restore_s=top("restore_s"),
-        hash_s=top("hash_s"),
-        wait_prev_s=top("wait_prev_s"),
-        pinned_bytes=total("pinned_bytes"),
-        rss_peak_bytes=total("rss_peak_bytes"),
-        cpu_user_s=total("cpu_user_s"),
-        cpu_sys_s=total("cpu_sys_s"),
-        copied_tensors=sum(int(r["copied_tensors"] or 0) for r in rows),
-        checksums=all(bool(r["checksums"]) for r in rows),
-        staging_grew=any(bool(r["staging_grew"]) for r in rows),
-        cache_dropped=all(bool(r["cache_dropped"]) for r in rows),
-        capped=any(bool(r["capped"]) for r in rows),
-        write_efficiency=None,
-        snapshot_efficiency=None,
-        ceiling_beaten=False,
-        verified=all(bool(r["verified"]) for r in rows),
-        rank=-1,
-        node="",
-        node_rank=-1,
-        aggregate=True,
-    )
-    out["persist_s"] = (
-        out["total_s"] - out["stall_s"]
-        if out["total_s"] is not None and out["stall_s"] is not None
-        else None
-    )
-    per_node: dict[Any, float] = {}
-    for r in rows:
-        if r.get("page_cache_peak_bytes") is not None:
-            key = r["node_rank"]
-            per_node[key] = max(per_node.get(key, 0), float(r["page_cache_peak_bytes"]))
-    out["page_cache_peak_bytes"] = int(sum(per_node.values())) if per_node else None
-    out.update(_host_aggregate(rows))
-    if out["total_s"] is not None and out["stall_s"] is not None:
-        out["write_efficiency"], out["snapshot_efficiency"] = efficiency(out, ceilings)
-        out["ceiling_beaten"] = beaten(out["write_efficiency"], out["snapshot_efficiency"])
-    # The rank where it failed, not the ranks that failed with it (see fail_together).
-    bad = next((r for r in rows if r["error"] and not r["error"].startswith(FOLLOWED)), None)
-    bad = bad or next((r for r in rows if r["error"]), None)
-    out["error"] = f"rank {bad['rank']}: {bad['error']}" if bad else ""
+    Each column combines the ranks' values by the rule its type declares (results.Row: the
+    maximum of the times, the sum of bytes, tensors, pinned and resident memory and process
+    CPU time, all ranks verified...); the columns of rule `own` are set here
+    (`_own_columns`)."""
+    cells = {
+        c.name: _combine(c.ranks, [getattr(r, c.name) for r in rows])
+        for c in columns.columns(results.Row)
+        if c.ranks != "own"
+    }
+    out = results.Row(**cells, **_own_columns(rows))
+    if out.total_s is not None and out.stall_s is not None:
+        out.write_efficiency, out.snapshot_efficiency = efficiency(out, ceilings)
+        out.ceiling_beaten = beaten(out.write_efficiency, out.snapshot_efficiency)
     return out
 
 
-def _host_aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _own_columns(rows: list[results.Row]) -> dict[str, Any]:
+    """The aggregate row's columns of rule `own`: persist_s = total_s - stall_s of the
+    aggregate; page-cache growth per node the maximum over its ranks (each rank samples its
+    whole host), summed over nodes; the host columns (`_host_aggregate`); the efficiencies
+    unjudged (judged by `aggregate` against the run's ceilings, measured by one process, as
+    for a single-process row); the error of the rank it failed on, prefixed with that rank;
+    rank -1, no node."""
+    stall = _combine("max", [r.stall_s for r in rows])
+    total = _combine("max", [r.total_s for r in rows])
+    per_node: dict[int, int] = {}
+    for r in rows:
+        if r.page_cache_peak_bytes is not None:
+            key = r.node_rank
+            per_node[key] = max(per_node.get(key, 0), int(r.page_cache_peak_bytes))
+    # The rank where it failed, not the ranks that failed with it (see fail_together).
+    bad = next((r for r in rows if r.error and not r.error.startswith(FOLLOWED)), None)
+    bad = bad or next((r for r in rows if r.error), None)
+    return {
+        "persist_s": total - stall if total is not None and stall is not None else None,
+        "page_cache_peak_bytes": sum(per_node.values()) if per_node else None,
+        "write_efficiency": None,
+        "snapshot_efficiency": None,
+        "ceiling_beaten": False,
+        "error": f"rank {bad.rank}: {bad.error}" if bad else "",
+        "rank": -1,
+        "node": "",
+        "node_rank": -1,
+        "aggregate": True,
+        **_host_aggregate(rows),
+    }
+
+
+def _host_aggregate(rows: list[results.Row]) -> dict[str, Any]:
     """The host columns of an aggregate row. Each rank reads its whole node: its host_cpu_s is
     its own process's CPU plus the node's kernel work (the other ranks are other processes to
     it), so the aggregate sums the processes and adds, per node, the largest kernel part;
     busy time, the baseline and DRAM traffic are the node's: per node the largest, summed.
     None where a rank lacks them; host_others_cpu_s has no meaning across ranks (None)."""
-
-    def val(r: dict[str, Any], k: str) -> float | None:
-        v = r.get(k)
-        return None if v is None or v == "" else float(v)
-
-    out: dict[str, Any] = {c: None for c in HOST_COLUMNS}
-    if any(val(r, "host_cpu_s") is None for r in rows):
+    out: dict[str, Any] = dict.fromkeys(HOST_COLUMNS)
+    if any(r.host_cpu_s is None for r in rows):
         return out
-    nodes: dict[Any, list[dict[str, Any]]] = {}
+    nodes: dict[int, list[results.Row]] = {}
     for r in rows:
-        nodes.setdefault(r["node_rank"], []).append(r)
+        nodes.setdefault(r.node_rank, []).append(r)
 
-    def proc(r: dict[str, Any]) -> float:
-        return (val(r, "cpu_user_s") or 0.0) + (val(r, "cpu_sys_s") or 0.0)
+    def proc(r: results.Row) -> float:
+        return (r.cpu_user_s or 0.0) + (r.cpu_sys_s or 0.0)
 
-    def host(host_key: str, proc_of: Any) -> float:
+    def host(
+        host_of: Callable[[results.Row], float], proc_of: Callable[[results.Row], float]
+    ) -> float:
         own = sum(proc_of(r) for r in rows)
-        kern = sum(max(val(r, host_key) - proc_of(r) for r in rs) for rs in nodes.values())
+        kern = sum(max(host_of(r) - proc_of(r) for r in rs) for rs in nodes.values())
         return own + kern
 
     def node_max(k: str) -> float | None:
-        if any(val(r, k) is None for r in rows):
+        if any(getattr(r, k) is None for r in rows):
             return None
-        return sum(max(val(r, k) for r in rs) for rs in nodes.values())
+        return sum(max(getattr(r, k) for r in rs) for rs in nodes.values())
 
-    out["host_cpu_s"] = host("host_cpu_s", proc)
-    if all(val(r, "stall_host_cpu_s") is not None for r in rows):
-        out["stall_host_cpu_s"] = host("stall_host_cpu_s", lambda r: val(r, "stall_cpu_s") or 0.0)
-    out["stall_cpu_s"] = sum(val(r, "stall_cpu_s") or 0.0 for r in rows)
-    out["meter_cpu_s"] = sum(val(r, "meter_cpu_s") or 0.0 for r in rows)
+    out["host_cpu_s"] = host(lambda r: r.host_cpu_s or 0.0, proc)
+    if all(r.stall_host_cpu_s is not None for r in rows):
+        out["stall_host_cpu_s"] = host(
+            lambda r: r.stall_host_cpu_s or 0.0, lambda r: r.stall_cpu_s or 0.0
+        )
+    out["stall_cpu_s"] = sum(r.stall_cpu_s or 0.0 for r in rows)
+    out["meter_cpu_s"] = sum(r.meter_cpu_s or 0.0 for r in rows)
     for k in ("host_busy_s", "host_baseline_cores", "dram_bytes", "stall_dram_bytes"):
         out[k] = node_max(k)
     for k in ("dram_bytes", "stall_dram_bytes"):
@@ -348,18 +265,24 @@ def _host_aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# What a save cost the host (bench.measure.hostcost.Cost) beyond this process's CPU time: the
+# columns an aggregate row takes from `_host_aggregate`.
+HOST_COLUMNS = tuple(
+    f.name for f in dataclasses.fields(hostcost.Cost) if f.name not in ("cpu_user_s", "cpu_sys_s")
+)
+
 FOLLOWED = "failed on rank "  # the error of a row whose repetition failed on another rank
 
 
-def fail_together(rows: list[dict[str, Any]], check: bool) -> dict[str, Any] | None:
+def fail_together(rows: list[results.Row], check: bool) -> results.Row | None:
     """A repetition that failed on one rank fails on all: every other row's error names the
     first failing rank. Returns that rank's row (None when all succeeded)."""
-    bad = next((r for r in rows if r["error"] or (check and not r["verified"])), None)
+    bad = next((r for r in rows if r.error or (check and not r.verified)), None)
     if bad is None:
         return None
-    why = bad["error"] or "restored state differs from the source"
-    bad["error"] = why
+    why = bad.error or "restored state differs from the source"
+    bad.error = why
     for r in rows:
-        if not r["error"]:
-            r["error"] = f"{FOLLOWED}{bad['rank']}: {why}"
+        if not r.error:
+            r.error = f"{FOLLOWED}{bad.rank}: {why}"
     return bad

@@ -134,7 +134,7 @@ class Sweep:
         self.host = hostcost.Host.measure()
         if w.rank == 0:
             core.env["host_cost"] = self.host.info()
-            core.open_writers({"results.csv": results.COLUMNS})
+            core.open_writers({"results.csv": results.Row})
         n_saves = (cfg.warmups + cfg.repetitions) * sum(
             1
             for g in self.groups
@@ -651,46 +651,44 @@ class Sweep:
         case_id, warm, rep = key
         base = plan.checkpoint_name(core.run_id, key)
         name = dist.shard_name(base, w.rank, g.k) if self.ranked else base
-        row = None
+        row: results.Row | None = None
         if eng is not None:
             mine = self.my_targets(g)
             assert mine is not None
             caps = cfg.target_caps()
             capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
             n_tensors, total = rows.tensor_stats(state)
-            row = rows.new_row(
-                cfg,
-                core.run_id,
-                case_id,
-                engine,
-                eng,
-                self.device,
-                wl,
-                total,
-                n_tensors,
-                g.n,
-                warm,
-                rep,
-                self.cache_dropped,
-                capped,
+            row = results.Row(
+                run_id=core.run_id,
+                case_id=case_id,
+                engine=engine,
+                device=self.device.kind,
+                emulated=self.device.emulated,
+                workload=wl.id,
+                total_bytes=total,
+                tensor_bytes=min(wl.tensor_bytes, total) if self.ranked else wl.tensor_bytes,
+                n_tensors=n_tensors,
+                n_targets=g.n,
+                rep=rep,
+                warmup=warm,
+                cache_dropped=self.cache_dropped,
+                dtype=cfg.dtype if wl.model is None else wl.model.dtype,
+                options=rows.options_json(eng),
+                capped=capped,
+                rank=w.rank,
+                world_size=w.size,
+                node=w.host,
+                node_rank=w.node_rank,
+                ranks_active=g.k,
+                target_map=g.label,
             )
-            if self.ranked:
-                row.update(
-                    tensor_bytes=min(wl.tensor_bytes, total),
-                    rank=w.rank,
-                    world_size=w.size,
-                    node=w.host,
-                    node_rank=w.node_rank,
-                    ranks_active=g.k,
-                    target_map=g.label,
-                )
         where = f"{case_id} {'warm-up' if warm else 'rep'} {rep}"
         try:
             w.barrier(f"the save of {where}")
             if row is not None:
                 self._save(row, eng, state, name, g)
             w.barrier(f"the restore of {where}")
-            if row is not None and not row["error"]:
+            if row is not None and not row.error:
                 self._restore(row, eng, engine, state, name, base, g)
             w.barrier(f"the rows of {where}")
             got = [r for r in w.all_gather(row, f"the rows of {where}") if r is not None]
@@ -713,37 +711,35 @@ class Sweep:
         if self.ranked:
             core.write([rows.aggregate(got, self.ceilings)])
         if bad is not None:
-            on = f" on rank {bad['rank']}" if self.ranked else ""
+            on = f" on rank {bad.rank}" if self.ranked else ""
             core.failed(
                 f"case {case_id} rep {rep}{on}",
-                bad["error"],
-                case_id if not self.ranked else f"{case_id}, rank {bad['rank']}",
+                bad.error,
+                case_id if not self.ranked else f"{case_id}, rank {bad.rank}",
             )
         return not (
             row is not None
-            and row.get("restore_into") == "in-place"
-            and (row["error"] or (cfg.verify and not row["verified"]))
+            and row.restore_into == "in-place"
+            and bool(row.error or (cfg.verify and not row.verified))
         )
 
-    def _save(
-        self, row: dict[str, Any], eng: Clocked, state: Any, name: str, g: plan.Group
-    ) -> None:
+    def _save(self, row: results.Row, eng: Clocked, state: Any, name: str, g: plan.Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))
         try:
             hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
             rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook, host=self.host)
             if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
-                row["write_efficiency"] = row["snapshot_efficiency"] = None
-                row["ceiling_beaten"] = False
+                row.write_efficiency = row.snapshot_efficiency = None
+                row.ceiling_beaten = False
         except Exception as e:  # reported on every rank (fail_together)
-            row["error"] = rows.error_text(e)
+            row.error = rows.error_text(e)
             if not isinstance(e, UserError | OSError):
                 self.core.warn(traceback.format_exc())
         self.saves += 1
 
     def _restore(
         self,
-        row: dict[str, Any],
+        row: results.Row,
         eng: Clocked,
         engine: str,
         state: Any,
@@ -761,7 +757,7 @@ class Sweep:
             if self.ranked
             else None
         )
-        in_place = self.verdicts[(row["workload"], g.key, engine)].restore == "in-place"
+        in_place = self.verdicts[(row.workload, g.key, engine)].restore == "in-place"
         try:
             rows.restore_phase(
                 row,
@@ -775,7 +771,7 @@ class Sweep:
                 fingerprint=(self._fingerprint or []) if in_place else None,
             )
         except Exception as e:
-            row["error"] = rows.error_text(e)
+            row.error = rows.error_text(e)
             if not isinstance(e, UserError | OSError):
                 self.core.warn(traceback.format_exc())
 

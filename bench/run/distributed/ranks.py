@@ -259,7 +259,7 @@ def ranks_block(sweep: Any, nodes: list[Any], paths: list[dict[str, list[str]]])
 
 def write_lost(
     sweep: Any,
-    row: dict[str, Any] | None,
+    row: results.Row | None,
     lost: RankLost,
     g: Group,
     wl: Any,
@@ -272,37 +272,28 @@ def write_lost(
     case_id, warm, rep = key
     out = []
     if row is not None:
-        row["error"] = row["error"] or why
+        row.error = row.error or why
         out.append(row)
     # The aggregate names the case; its measurements are unknown (a rank never reported).
-    agg: dict[str, Any] = {c: None for c in results.COLUMNS}
-    agg.update(
+    agg = results.Row(
         run_id=sweep.core.run_id,
         case_id=case_id,
         engine=engine,
         device=sweep.device.kind,
         emulated=sweep.device.emulated,
-        gds_mode="none",
         workload=wl.id,
         total_bytes=0,
         tensor_bytes=wl.tensor_bytes,
         n_tensors=0,
         n_targets=g.n,
-        targets_used=0,
         rep=rep,
         warmup=warm,
-        checksums=False,
-        staging_grew=False,
-        copied_tensors=0,
         cache_dropped=sweep.cache_dropped,
         dtype=sweep.cfg.dtype,
         options="{}",
-        capped=False,
-        verified=False,
         error=why,
         rank=-1,
         world_size=sweep.world.size,
-        node="",
         node_rank=-1,
         aggregate=True,
         ranks_active=g.k,

@@ -45,49 +45,8 @@ from bench.run.core import Core
 from bench.run.training.model import Trainer, clone_state
 from bench.storage import verify
 
-STEP_COLUMNS = [
-    "run_id",
-    "engine",
-    "device",
-    "emulated",
-    "gds_mode",
-    "step",
-    "step_s",
-    "compute_s",
-    "save_call_s",
-    "checkpoint",
-    "stall_s",
-    "during_persist",
-    "persist_of_step",
-    "t_start_s",
-    "t_end_s",
-    "loss",
-]
-CKPT_COLUMNS = [
-    "run_id",
-    "engine",
-    "device",
-    "emulated",
-    "gds_mode",
-    "step",
-    "warmup",
-    "name",
-    "bytes",
-    "stall_s",
-    "persist_s",
-    "total_s",
-    "wait_prev_s",
-    "hash_s",
-    "pinned_bytes",
-    "save_call_s",
-    "overlap_steps",
-    "t_save_s",
-    "t_return_s",
-    "t_durable_s",
-    "verified",
-    "error",
-]
 STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
+StepRow, CheckpointRow = results.StepRow, results.CheckpointRow  # their columns
 
 
 OnSave = Callable[[str, int, Any], None]
@@ -173,7 +132,7 @@ class TrainingRun:
         if drop:
             core.note(f"page cache not dropped between engines: {drop}")
         core.write_env()
-        core.open_writers({STEPS_CSV: STEP_COLUMNS, CKPTS_CSV: CKPT_COLUMNS})
+        core.open_writers({STEPS_CSV: StepRow, CKPTS_CSV: CheckpointRow})
         per = cfg.warmup_steps + cfg.steps
         core.log(
             f"training run {core.run_id}: {len(engines)} engine(s) x {cfg.steps} steps "
@@ -190,13 +149,13 @@ class TrainingRun:
             core.close()
         return core.run_dir or ""
 
-    def _row(self, engine: str, gds_mode: str) -> dict[str, Any]:
+    def _who(self, engine: str) -> dict[str, Any]:
+        """What every row of `engine` in this run begins with: run, engine and device."""
         return {
             "run_id": self.run_id,
             "engine": engine,
             "device": self.device.kind,
             "emulated": self.device.emulated,
-            "gds_mode": gds_mode,
         }
 
     def _engine(self, engine: str, targets: list[str]) -> None:
@@ -211,8 +170,8 @@ class TrainingRun:
         eng = None if engine == NONE else clock.clocked(self.core.create(engine, targets))
         prefix = f"ckptbench-{self.run_id}-train-{engine}"
         self._made: list[str] = []  # checkpoints of this engine still on the targets
-        step_rows: list[dict[str, Any]] = []
-        ckpt_rows: list[dict[str, Any]] = []
+        step_rows: list[StepRow] = []
+        ckpt_rows: list[CheckpointRow] = []
         try:
             for _ in range(cfg.warmup_steps):
                 tr.step()
@@ -237,8 +196,7 @@ class TrainingRun:
         except Exception as e:  # one engine's failure must not lose the others
             msg = f"{type(e).__name__}: {e}".replace("\n", " ")
             self._failed(engine, msg)
-            row = self._row(engine, "none") | {"step": -1, "warmup": False, "error": msg}
-            ckpt_rows.append({c: row.get(c, "") for c in CKPT_COLUMNS})
+            ckpt_rows.append(CheckpointRow(**self._who(engine), step=-1, error=msg))
             step_rows = []
         finally:
             if eng is not None:
@@ -253,7 +211,7 @@ class TrainingRun:
 
     def _loop(
         self, engine: str, tr: Trainer, eng: Clocked | None, prefix: str
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ) -> tuple[list[StepRow], list[CheckpointRow]]:
         """The timed steps; returns (step rows, checkpoint rows)."""
         cfg = self.cfg
         sync = self.device.synchronize
@@ -262,7 +220,7 @@ class TrainingRun:
         saves: list[_Pending] = []
         live: list[_Pending] = []  # checkpoints still on the targets
         expected: Any = None  # clone of the state the last checkpoint saved
-        steps: list[dict[str, Any]] = []
+        steps: list[StepRow] = []
         gds_mode = "none"
         t_loop = time.perf_counter_ns()
         for s in range(cfg.steps):
@@ -296,18 +254,18 @@ class TrainingRun:
                 gds_mode = p.result.gds_mode
             t_end = t2 + int(save_call_s * 1e9)
             steps.append(
-                {
-                    **self._row(engine, "none"),
-                    "step": s,
-                    "step_s": (t1 - t0) / 1e9 + save_call_s,
-                    "compute_s": (t1 - t0) / 1e9,
-                    "save_call_s": save_call_s if ckpt else "",
-                    "checkpoint": ckpt,
-                    "stall_s": saves[-1].pending.stall_s if ckpt else "",
-                    "t_start_s": (t0 - t_loop) / 1e9,
-                    "t_end_s": (t_end - t_loop) / 1e9,
-                    "loss": loss,
-                }
+                StepRow(
+                    **self._who(engine),
+                    step=s,
+                    step_s=(t1 - t0) / 1e9 + save_call_s,
+                    compute_s=(t1 - t0) / 1e9,
+                    save_call_s=save_call_s if ckpt else None,
+                    checkpoint=ckpt,
+                    stall_s=saves[-1].pending.stall_s if ckpt else None,
+                    t_start_s=(t0 - t_loop) / 1e9,
+                    t_end_s=(t_end - t_loop) / 1e9,
+                    loss=loss,
+                )
             )
             self.bar.update()
         ckpts = []
@@ -329,12 +287,12 @@ class TrainingRun:
         # Which steps ran (at least partly) while a save persisted: they started after its
         # save() returned and before it was durable. The checkpoint step itself is not one.
         for r in steps:
-            r["gds_mode"] = gds_mode
-            r["during_persist"], r["persist_of_step"] = False, ""
+            r.gds_mode = gds_mode
             for c in ckpts:
-                if c["t_return_s"] <= r["t_start_s"] < c["t_durable_s"] and r["step"] > c["step"]:
-                    r["during_persist"], r["persist_of_step"] = True, c["step"]
-                    c["overlap_steps"] += 1
+                assert c.t_return_s is not None and c.t_durable_s is not None
+                if c.t_return_s <= r.t_start_s < c.t_durable_s and r.step > c.step:
+                    r.during_persist, r.persist_of_step = True, c.step
+                    c.overlap_steps += 1
         if saves:
             last = saves[-1]
             if expected is not None:
@@ -345,9 +303,9 @@ class TrainingRun:
                     else verify.first_difference
                 )
                 diff = check(expected, loaded)
-                ckpts[-1]["verified"] = diff is None
+                ckpts[-1].verified = diff is None
                 if diff:
-                    ckpts[-1]["error"] = f"restored state differs at {diff}"
+                    ckpts[-1].error = f"restored state differs at {diff}"
                     self._failed(engine, f"step {last.step}: restored state differs")
                 del loaded, expected
             for sv in live:
@@ -373,26 +331,24 @@ class TrainingRun:
         save_call_s: float,
         t_return_ns: int,
         t_loop_ns: int,
-    ) -> dict[str, Any]:
+    ) -> CheckpointRow:
         """A checkpoint row; times relative to `t_loop_ns` (the start of the timed loop)."""
         t_save = (pending.t0_ns - t_loop_ns) / 1e9  # when the clock saw save() called
-        return {
-            **self._row(engine, res.gds_mode),
-            "step": step,
-            "warmup": warmup,
-            "name": name,
-            "bytes": res.bytes,
-            "stall_s": res.stall_s,
-            "persist_s": res.persist_s,
-            "total_s": res.total_s,
-            "wait_prev_s": res.wait_prev_s,
-            "hash_s": res.hash_s,
-            "pinned_bytes": res.pinned_bytes,
-            "save_call_s": save_call_s,
-            "overlap_steps": 0,
-            "t_save_s": t_save,
-            "t_return_s": (t_return_ns - t_loop_ns) / 1e9,
-            "t_durable_s": t_save + res.total_s,
-            "verified": "",
-            "error": "",
-        }
+        return CheckpointRow(
+            **self._who(engine),
+            gds_mode=res.gds_mode,
+            step=step,
+            warmup=warmup,
+            name=name,
+            bytes=res.bytes,
+            stall_s=res.stall_s,
+            persist_s=res.persist_s,
+            total_s=res.total_s,
+            wait_prev_s=res.wait_prev_s,
+            hash_s=res.hash_s,
+            pinned_bytes=res.pinned_bytes,
+            save_call_s=save_call_s,
+            t_save_s=t_save,
+            t_return_s=(t_return_ns - t_loop_ns) / 1e9,
+            t_durable_s=t_save + res.total_s,
+        )
