@@ -144,11 +144,16 @@ class Core:
                     )
 
     def create(
-        self, engine: str, targets: list[str], caps: list[int | None] | None = None
+        self,
+        engine: str,
+        targets: list[str],
+        caps: list[int | None] | None = None,
+        options: Any = None,
     ) -> Clocked:
-        """Engine `engine` over `targets` with the config's options and the run's device (and
-        the targets' write caps, for an engine that takes them)."""
-        opts = engine_options(self.cfg, engine)
+        """Engine `engine` over `targets` with `options` (its model as the run resolved it;
+        else the config's options and the run's device), and the targets' write caps, for an
+        engine that takes them."""
+        opts = options.model_dump() if options is not None else engine_options(self.cfg, engine)
         if caps and any(caps) and "max_write_bw" in ENGINES[engine].options.model_fields:
             opts["max_write_bw"] = list(caps)
         return create(engine, targets, **opts)

@@ -8,8 +8,9 @@ Case ids and checkpoint names are made here, so a resumed run finds its rows aga
 
 from __future__ import annotations
 
+import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.common import sizes
@@ -115,6 +116,62 @@ class Group:
     def suffix(self) -> str:
         """What the group adds to a case id (nothing for a single-process run)."""
         return f"-{self.label}-{self.k}r" if self.label else ""
+
+
+@dataclass
+class RunPlan:
+    """What one run does, decided before its first save and kept in one place: the targets,
+    the workloads, the groups of targets and each rank's place in them (`layout`: per group,
+    every rank's target indices and whether it writes a subfolder of its own), the engines that
+    can run here with their options resolved once (the run's device filled in, validated: the
+    preflight judges and the run creates the engines from the same models), every case's
+    verdict (bench.run.preflight) and the cases a resumed run has already recorded."""
+
+    targets: list[str]
+    workloads: list[Workload]
+    groups: list[Group]
+    layout: dict[str, list[tuple[list[int], bool]]]
+    engines: list[str]
+    options: dict[str, Any]  # engine -> its options model (bench.engines.options)
+    table: list[dict[str, Any]] = field(default_factory=list)  # the ranks, under torchrun
+    skipped_groups: list[str] = field(default_factory=list)
+    verdicts: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    done: set[tuple[str, bool, int]] = field(default_factory=set)
+
+    def my_targets(self, g: Group, rank: int) -> tuple[list[str], list[int]] | None:
+        """Rank `rank`'s target directories for group g and their indices in the config's
+        targets (None: it does not checkpoint in this group)."""
+        if rank >= g.k:
+            return None
+        idx, sub = self.layout[g.key][rank]
+        paths = [self.targets[i] for i in idx]
+        if sub:
+            paths = [os.path.join(p, f"rank-{rank}") for p in paths]
+        return paths, idx
+
+    def restore(self, wl: Workload, g: Group, engine: str) -> str | None:
+        """How the case restores (fresh, in-place), or None where the preflight refused it."""
+        return self.verdicts[(wl.id, g.key, engine)].restore
+
+    def chunk_bytes(self) -> int:
+        """The engines' chunk size (the storage probes' block)."""
+        return next(
+            (o.chunk_bytes for o in self.options.values() if hasattr(o, "chunk_bytes")), 16 << 20
+        )
+
+    def copy_threads(self) -> int:
+        """The threads the snapshot copies with (the copy ceiling's)."""
+        threads = next(
+            (o.copy_threads for o in self.options.values() if hasattr(o, "copy_threads")), 0
+        )
+        return threads or min(os.cpu_count() or 1, 8)
+
+
+def resolved_engine_options(cfg: config_mod.Config, engines: list[str]) -> dict[str, Any]:
+    """Each engine's options model, resolved once for the run (its device filled in)."""
+    from bench.engines import validate_options
+
+    return {e: validate_options(e, config_mod.engine_options(cfg, e)) for e in engines}
 
 
 def local_groups(cfg: config_mod.Config) -> list[Group]:

@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 
 from bench.common import sizes
+from bench.common.schema import Strict
 from bench.engines import REGISTRY
 from bench.engines.base import MemoryPlan, StateSize, build_options
 
@@ -99,8 +100,15 @@ def memlock_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def plan_of(engine: str, size: StateSize, options: dict[str, Any]) -> MemoryPlan:
-    return REGISTRY[engine].memory_plan(size, build_options(engine, options))
+def _model(engine: str, options: Any) -> Any:
+    """An engine's options model: as the run resolved it, or built from a mapping."""
+    return options if isinstance(options, Strict) else build_options(engine, options)
+
+
+def plan_of(engine: str, size: StateSize, options: Any) -> MemoryPlan:
+    """What `engine` holds for a state of `size` with `options` (the run's options model, or a
+    mapping of its options)."""
+    return REGISTRY[engine].memory_plan(size, _model(engine, options))
 
 
 def _gib(n: int) -> str:
@@ -119,14 +127,14 @@ def ways_out(
     engine: str,
     plan: MemoryPlan,
     size: StateSize,
-    options: dict[str, Any],
+    options: Any,
     held: dict[str, int],
     over: int,
 ) -> str:
     """What would make the case fit, in config terms (`held`: the staging of the engines before
     it, held beside it; `over`: by how much it does not fit)."""
     out = []
-    bounded = getattr(build_options(engine, options), "staging_chunks", None)
+    bounded = getattr(_model(engine, options), "staging_chunks", None)
     if bounded == 0 and plan.staging > size.nbytes // 2:
         out.append(f"bound the staging (engine_options.{engine}.staging_chunks: 4)")
     if plan.in_place_host is None:
@@ -198,7 +206,7 @@ def judge(
     case: str,
     engines: list[str],
     size: StateSize,
-    options: dict[str, dict[str, Any]],
+    options: dict[str, Any],
     host_avail: int,
     gpu_free: int | None,
     extra: dict[str, int] | None = None,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from bench.run.distributed.ranks import (
     FAULT_ENV,
+    RankContext,
     assign,
     build_shard,
     check_resume_world,
@@ -51,6 +52,7 @@ from bench.run.distributed.world import (
 __all__ = [
     "FAULT_ENV",
     "SETUP_TIMEOUT_S",
+    "RankContext",
     "RankLost",
     "TorchrunWorld",
     "_lost_ranks",

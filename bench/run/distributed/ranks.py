@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+from dataclasses import dataclass
 from typing import Any
 
 from bench.common import sizes
@@ -204,25 +205,42 @@ def check_resume_world(run_dir: str, size: int) -> None:
         )
 
 
-def build_shard(sweep: Any, wl: Any, g: Group) -> Any:
+@dataclass
+class RankContext:
+    """What the rank-level steps of a sweep need of it, and no more: the config and its ranks
+    section, this rank's world, the run's device, core and plan, and whether the page cache is
+    dropped between cases."""
+
+    cfg: config_mod.Config
+    spec: config_mod.RanksSpec
+    world: Any
+    device: Any
+    core: Any  # bench.run.core.Core (it imports this package)
+    plan: Any  # bench.run.plan.RunPlan
+    cache_dropped: bool = False
+
+
+def build_shard(ctx: RankContext, wl: Any, g: Group) -> Any:
     """This rank's shard of workload `wl` in group g, on its device."""
-    w, cfg = sweep.world, sweep.cfg
+    w, cfg = ctx.world, ctx.cfg
     item = DTYPES[cfg.dtype]
-    size = shard_bytes(wl.total_bytes, g.k, w.rank, item, sweep.spec.shard)
+    size = shard_bytes(wl.total_bytes, g.k, w.rank, item, ctx.spec.shard)
     if size == 0:
         raise UserError(
             f"{wl.id}: {sizes.format_size(wl.total_bytes)} split over {g.k} ranks leaves rank "
             f"{w.rank} nothing to save"
         )
-    return wl.build(cfg, sweep.device.torch_device, size, seed=w.rank)
+    return wl.build(cfg, ctx.device.torch_device, size, seed=w.rank)
 
 
-def ranks_block(sweep: Any, nodes: list[Any], paths: list[dict[str, list[str]]]) -> dict[str, Any]:
+def ranks_block(
+    ctx: RankContext, nodes: list[Any], paths: list[dict[str, list[str]]]
+) -> dict[str, Any]:
     """env.json `ranks`: who ran where, and which targets each rank wrote (`paths`: every
     rank's own directories per group, as it resolved them on its node)."""
-    spec, table = sweep.spec, sweep.table
+    spec, table = ctx.spec, ctx.plan.table
     layout = {}
-    for g in sweep.groups:
+    for g in ctx.plan.groups:
         per_rank = {str(r): p[g.key] for r, p in enumerate(paths) if g.key in p}
         layout[g.key] = {
             "n_targets": g.n,
@@ -235,15 +253,15 @@ def ranks_block(sweep: Any, nodes: list[Any], paths: list[dict[str, list[str]]])
         len({t["host"] for t in table if t["node_rank"] == n}) > 1
         for n in {t["node_rank"] for t in table}
     ):
-        sweep.core.note("one node rank on several hosts: check the torchrun --node-rank")
+        ctx.core.note("one node rank on several hosts: check the torchrun --node-rank")
     return {
-        "world_size": sweep.world.size,
+        "world_size": ctx.world.size,
         "nproc_config": spec.nproc,
-        "backend": "cpu:gloo,cuda:nccl" if sweep.device.is_cuda else "gloo",
+        "backend": "cpu:gloo,cuda:nccl" if ctx.device.is_cuda else "gloo",
         "timeout_s": spec.timeout_s,
         "shard": spec.shard,
         "mapping": list(spec.mapping),
-        "active": sorted({g.k for g in sweep.groups}),
+        "active": sorted({g.k for g in ctx.plan.groups}),
         "table": table,
         "nodes": {
             str(table[r]["node_rank"]): {"host": table[r]["host"], **n}
@@ -251,14 +269,14 @@ def ranks_block(sweep: Any, nodes: list[Any], paths: list[dict[str, list[str]]])
             if n
         },
         "layout": layout,
-        "skipped": sweep.skipped_groups,
+        "skipped": ctx.plan.skipped_groups,
         "paths_note": "targets are node-local paths: each node writes its own disks; "
         "with one active rank a case runs once, under the first mapping",
     }
 
 
 def write_lost(
-    sweep: Any,
+    ctx: RankContext,
     row: results.Row | None,
     lost: RankLost,
     g: Group,
@@ -276,11 +294,11 @@ def write_lost(
         out.append(row)
     # The aggregate names the case; its measurements are unknown (a rank never reported).
     agg = results.Row(
-        run_id=sweep.core.run_id,
+        run_id=ctx.core.run_id,
         case_id=case_id,
         engine=engine,
-        device=sweep.device.kind,
-        emulated=sweep.device.emulated,
+        device=ctx.device.kind,
+        emulated=ctx.device.emulated,
         workload=wl.id,
         total_bytes=0,
         tensor_bytes=wl.tensor_bytes,
@@ -288,20 +306,20 @@ def write_lost(
         n_targets=g.n,
         rep=rep,
         warmup=warm,
-        cache_dropped=sweep.cache_dropped,
-        dtype=sweep.cfg.dtype,
+        cache_dropped=ctx.cache_dropped,
+        dtype=ctx.cfg.dtype,
         options="{}",
         error=why,
         rank=-1,
-        world_size=sweep.world.size,
+        world_size=ctx.world.size,
         node_rank=-1,
         aggregate=True,
         ranks_active=g.k,
         target_map=g.label,
     )
     out.append(agg)
-    sweep.core.write(out)
-    sweep.core.close()
+    ctx.core.write(out)
+    ctx.core.close()
 
 
 def faults() -> dict[tuple[int, int], str]:

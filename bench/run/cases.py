@@ -1,0 +1,311 @@
+"""The cases of a sweep, group by group: make the engines over this rank's targets, and for each
+workload build the state (a rank's shard under torchrun), warm the engines, drop the page
+cache, probe the ceilings after the warm-ups, then run the repetitions with the engines
+alternating. One repetition is the same on every rank: a barrier, the save until durable
+(bench.run.rows.save_phase), a barrier, the restore and its comparison, the rows gathered to
+rank 0, which writes them (and the aggregate row under torchrun) before the next save."""
+
+from __future__ import annotations
+
+import gc
+import traceback
+from typing import Any
+
+from bench.common import sizes
+from bench.common.errors import UserError
+from bench.config import sweep as config_mod
+from bench.engines import REGISTRY
+from bench.measure import hostcost, results
+from bench.measure import timers as measure
+from bench.measure.ceilings import Ceilings
+from bench.measure.clock import Clocked
+from bench.run import distributed as dist
+from bench.run import plan, preflight, rows
+from bench.run.ceiling_runs import CeilingRunner
+from bench.run.core import Core
+from bench.run.plan import Group, RunPlan, Workload
+from bench.storage import verify
+
+
+class CaseRunner:
+    """Runs the cases of one run's plan as this rank (see the module)."""
+
+    def __init__(
+        self,
+        cfg: config_mod.Config,
+        device: Any,
+        core: Core,
+        the_plan: RunPlan,
+        ctx: dist.RankContext,
+        *,
+        ranked: bool,
+        ceilings: Ceilings | None,
+        host: hostcost.Host,
+        probes: CeilingRunner,
+    ) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.core = core
+        self.world = core.world
+        self.plan = the_plan
+        self.ctx = ctx
+        self.ranked = ranked
+        self.ceilings = ceilings
+        self.host = host
+        self.probes = probes
+        self.faults = dist.faults() if ranked else {}
+        self.saves = 0  # saves this rank took part in (fault injection counts them)
+        self._fingerprint: list[tuple[str, str]] | None = None  # the state's, for in-place
+
+    def run_group(self, g: Group) -> None:
+        cfg, w, the_plan = self.cfg, self.world, self.plan
+        names = plan.engines_at(cfg, the_plan.engines, g.n)
+        mine = the_plan.my_targets(g, w.rank)
+        caps = cfg.target_caps()
+
+        def make() -> dict[str, Clocked]:
+            if mine is None:
+                return {}
+            paths, idx = mine
+            return {
+                e: self.core.create(e, paths, [caps[i] for i in idx], the_plan.options[e])
+                for e in names
+            }
+
+        engines = w.agree(f"the engines of {g.key}", make)
+        try:
+            for wl in the_plan.workloads:
+                todo = [
+                    (i, e)
+                    for i in range(cfg.warmups + cfg.repetitions)
+                    for e in names
+                    if plan.case_key(wl, g, e, i, cfg.warmups) not in the_plan.done
+                    and the_plan.restore(wl, g, e) is not None
+                ]
+                if not todo:
+                    continue
+                if self.core.bar is not None:
+                    self.core.bar.set_description(f"{wl.id} {g.key}")
+                for eng in engines.values():  # what is held is what the preflight counted
+                    eng.release()
+                # The last workload's cyclic garbage (a library's restored copy of its state)
+                # goes before the next state is built, not after.
+                gc.collect()
+                admitted = {
+                    e: eng for e, eng in engines.items() if the_plan.restore(wl, g, e) is not None
+                }
+                short = w.agree(
+                    f"the memory for {wl.id}", lambda wl=wl, g=g: self.memory_now(wl, g)
+                )
+                if short:
+                    if cfg.on_error == "stop":
+                        raise UserError(short)
+                    self.core.note(f"workload skipped: {short}")
+                    self.core.warn(f"skipped: {short}")
+                    continue
+                state = w.agree(
+                    f"the state of {wl.id}",
+                    lambda wl=wl, admitted=admitted: self.build(wl, g, admitted),
+                )
+                if self.ctx.cache_dropped and w.local_rank == 0:
+                    measure.drop_page_cache()
+                probed = False
+                for i, e in todo:
+                    if not probed and i >= cfg.warmups:
+                        # after the warm-ups, in the conditions of the timed saves
+                        self.probe(g, wl)
+                        probed = True
+                    if not self.case(g, wl, e, admitted.get(e), state, i):
+                        # a restore in place that did not verify left wrong bytes in the state
+                        del state
+                        state = w.agree(
+                            f"the state of {wl.id}",
+                            lambda wl=wl, admitted=admitted: self.build(wl, g, admitted),
+                        )
+                del state
+                self._fingerprint = None
+        finally:
+            for eng in engines.values():
+                eng.close()
+
+    def probe(self, g: Group, wl: Workload) -> None:
+        """The ceilings once more before the timed saves (single-process runs, where asked for),
+        into env.json `ceilings_probes`."""
+        cfg, core = self.cfg, self.core
+        chosen = self.ceilings.chosen().get(g.n) if self.ceilings else None
+        if self.ranked or not (cfg.ceilings.enabled and cfg.ceilings.probes and chosen):
+            return
+        got = self.probes.probe(g, wl, self.plan.my_targets(g, self.world.rank), chosen)
+        if got is not None:
+            core.env.setdefault("ceilings_probes", []).append(got.to_json())
+            core.write_env()
+
+    def memory_now(self, wl: Workload, g: Group) -> str | None:
+        """Whether this workload's state and its engines' staging still fit in the host memory
+        available now (another process may have taken some since the preflight): None, or why
+        not, in one line. Never leave that to the kernel's OOM killer."""
+        if self.device.is_cuda or self.world.rank >= g.k:
+            return None
+        cases = [
+            v for (wid, gkey, _), v in self.plan.verdicts.items() if (wid, gkey) == (wl.id, g.key)
+        ]
+        need = max((v.host_need for v in cases if v.restore is not None), default=0)
+        have = preflight.host_available() - preflight.HEADROOM // 2
+        if need <= have:
+            return None
+        return (
+            f"{wl.id} x{g.n}: host memory: its cases need up to {sizes.format_size(need)}, "
+            f"{sizes.format_size(have)} is available now (less than at the start of the run: "
+            "another process took memory); way out: rerun when it is free, or a smaller size"
+        )
+
+    def build(self, wl: Workload, g: Group, engines: dict[str, Clocked]) -> Any:
+        """This rank's state (its shard under torchrun) on its device, engines warmed (None:
+        not active in this group)."""
+        if self.world.rank >= g.k:
+            return None
+        if self.ranked:
+            state = dist.build_shard(self.ctx, wl, g)
+        else:
+            state = wl.build(self.cfg, self.device.torch_device)
+        self._fingerprint = None
+        if self.cfg.verify and any(self.plan.restore(wl, g, e) == "in-place" for e in engines):
+            # what a restore in place is checked against: taken now, before any save
+            self._fingerprint = verify.fingerprint(state)
+        for eng in engines.values():
+            eng.warm(state)
+        return state
+
+    def case(
+        self, g: Group, wl: Workload, engine: str, eng: Clocked | None, state: Any, i: int
+    ) -> bool:
+        """One repetition on every rank: aligned save, aligned restore, rows to rank 0. False
+        when a restore in place failed or did not verify: the state may hold its wrong bytes."""
+        cfg, w, core = self.cfg, self.world, self.core
+        key = plan.case_key(wl, g, engine, i, cfg.warmups)
+        case_id, warm, rep = key
+        base = plan.checkpoint_name(core.run_id, key)
+        name = dist.shard_name(base, w.rank, g.k) if self.ranked else base
+        row: results.Row | None = None
+        if eng is not None:
+            mine = self.plan.my_targets(g, w.rank)
+            assert mine is not None
+            caps = cfg.target_caps()
+            capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
+            n_tensors, total = rows.tensor_stats(state)
+            row = results.Row(
+                run_id=core.run_id,
+                case_id=case_id,
+                engine=engine,
+                device=self.device.kind,
+                emulated=self.device.emulated,
+                workload=wl.id,
+                total_bytes=total,
+                tensor_bytes=min(wl.tensor_bytes, total) if self.ranked else wl.tensor_bytes,
+                n_tensors=n_tensors,
+                n_targets=g.n,
+                rep=rep,
+                warmup=warm,
+                cache_dropped=self.ctx.cache_dropped,
+                dtype=cfg.dtype if wl.model is None else wl.model.dtype,
+                options=rows.options_json(eng),
+                capped=capped,
+                rank=w.rank,
+                world_size=w.size,
+                node=w.host,
+                node_rank=w.node_rank,
+                ranks_active=g.k,
+                target_map=g.label,
+            )
+        where = f"{case_id} {'warm-up' if warm else 'rep'} {rep}"
+        try:
+            w.barrier(f"the save of {where}")
+            if row is not None and eng is not None:
+                self.save(row, eng, state, name, g)
+            w.barrier(f"the restore of {where}")
+            if row is not None and eng is not None and not row.error:
+                self.restore(row, eng, engine, state, name, base, g)
+            w.barrier(f"the rows of {where}")
+            got = [r for r in w.all_gather(row, f"the rows of {where}") if r is not None]
+        except dist.RankLost as lost:
+            if row is not None and eng is not None:
+                rows.delete_checkpoint(eng, name, core.warn)
+            if w.rank == 0:
+                dist.write_lost(self.ctx, row, lost, g, wl, engine, key)
+            raise
+        except KeyboardInterrupt:
+            if row is not None and eng is not None:  # the case in flight leaves nothing behind
+                rows.delete_checkpoint(eng, name, core.warn)
+            raise
+        if row is not None and eng is not None:
+            rows.delete_checkpoint(eng, name, core.warn)
+        if core.bar is not None:
+            core.bar.update(1)
+        bad = rows.fail_together(got, cfg.verify)
+        core.write(got)
+        if self.ranked:
+            core.write([rows.aggregate(got, self.ceilings)])
+        if bad is not None:
+            on = f" on rank {bad.rank}" if self.ranked else ""
+            core.failed(
+                f"case {case_id} rep {rep}{on}",
+                bad.error,
+                case_id if not self.ranked else f"{case_id}, rank {bad.rank}",
+            )
+        return not (
+            row is not None
+            and row.restore_into == "in-place"
+            and bool(row.error or (cfg.verify and not row.verified))
+        )
+
+    def save(self, row: results.Row, eng: Clocked, state: Any, name: str, g: Group) -> None:
+        fault = self.faults.get((self.world.rank, self.saves))
+        try:
+            hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
+            rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook, host=self.host)
+            if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
+                row.write_efficiency = row.snapshot_efficiency = None
+                row.ceiling_beaten = False
+        except Exception as e:  # reported on every rank (fail_together)
+            row.error = rows.error_text(e)
+            if not isinstance(e, UserError | OSError):
+                self.core.warn(traceback.format_exc())
+        self.saves += 1
+
+    def restore(
+        self,
+        row: results.Row,
+        eng: Clocked,
+        engine: str,
+        state: Any,
+        name: str,
+        base: str,
+        g: Group,
+    ) -> None:
+        w = self.world
+        load = (
+            (
+                lambda n, device, checksums=True, into=None: dist.load_shard(
+                    eng, base, w.rank, g.k, device, checksums, into
+                )
+            )
+            if self.ranked
+            else None
+        )
+        in_place = self.plan.verdicts[(row.workload, g.key, engine)].restore == "in-place"
+        try:
+            rows.restore_phase(
+                row,
+                eng,
+                engine,
+                state,
+                name,
+                self.device,
+                self.cfg.verify,
+                load=load,
+                fingerprint=(self._fingerprint or []) if in_place else None,
+            )
+        except Exception as e:
+            row.error = rows.error_text(e)
+            if not isinstance(e, UserError | OSError):
+                self.core.warn(traceback.format_exc())
