@@ -119,7 +119,8 @@ class Config(Strict):
 
     def synthetic_cases(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(total, tensor) pairs to run, and those skipped because tensor > total."""
-        run, skipped = [], []
+        run: list[tuple[int, int]] = []
+        skipped: list[tuple[int, int]] = []
         for total in self.total_sizes:
             for tensor in self.tensor_sizes:
                 (skipped if tensor > total else run).append((total, tensor))

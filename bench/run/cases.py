@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import traceback
+from functools import partial
 from typing import Any
 
 from bench.common import sizes
@@ -94,19 +95,14 @@ class CaseRunner:
                 admitted = {
                     e: eng for e, eng in engines.items() if the_plan.restore(wl, g, e) is not None
                 }
-                short = w.agree(
-                    f"the memory for {wl.id}", lambda wl=wl, g=g: self.memory_now(wl, g)
-                )
+                short = w.agree(f"the memory for {wl.id}", partial(self.memory_now, wl, g))
                 if short:
                     if cfg.on_error == "stop":
                         raise UserError(short)
                     self.core.note(f"workload skipped: {short}")
                     self.core.warn(f"skipped: {short}")
                     continue
-                state = w.agree(
-                    f"the state of {wl.id}",
-                    lambda wl=wl, admitted=admitted: self.build(wl, g, admitted),
-                )
+                state = w.agree(f"the state of {wl.id}", partial(self.build, wl, g, admitted))
                 if self.ctx.cache_dropped and w.local_rank == 0:
                     measure.drop_page_cache()
                 probed = False
@@ -119,8 +115,7 @@ class CaseRunner:
                         # a restore in place that did not verify left wrong bytes in the state
                         del state
                         state = w.agree(
-                            f"the state of {wl.id}",
-                            lambda wl=wl, admitted=admitted: self.build(wl, g, admitted),
+                            f"the state of {wl.id}", partial(self.build, wl, g, admitted)
                         )
                 del state
                 self._fingerprint = None

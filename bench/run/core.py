@@ -174,6 +174,7 @@ class Core:
         if self.resume:
             envb = self._resume_env(config)
             if key is not None:
+                assert self.run_dir is not None  # set by _resume_env
                 rows = results.read_rows(self.run_dir)
                 done = {key(r) for r in rows.itertuples(index=False)}
                 self.note(f"resumed with {len(done)} rows already recorded")

@@ -126,7 +126,11 @@ class Sweep:
         w.agree("the target check", lambda: self._check_targets(wls))
         paths = {g.key: got[0] for g in the_plan.groups if (got := the_plan.my_targets(g, w.rank))}
         paths_all = w.all_gather(paths, "the target check")
-        head = w.agree("the run directory", self._open if w.rank == 0 else lambda: None)
+
+        def opened() -> dict[str, Any] | None:  # rank 0 opens it; the others learn of it
+            return self._open() if w.rank == 0 else None
+
+        head = w.agree("the run directory", opened)
         head = w.all_gather(head, "the run directory")[0]
         core.run_id, core.run_dir = head["run_id"], head["run_dir"]
         the_plan.done = {tuple(x) for x in head["done"]}
@@ -307,6 +311,7 @@ class Sweep:
         )
         done: list[tuple[str, bool, int]] = []
         if core.resume:
+            assert core.run_dir is not None  # the run resumed
             rows_ = results.read_rows(core.run_dir)
             if self.ranked and "aggregate" in rows_:
                 rows_ = rows_[rows_["aggregate"].astype(str).str.lower() == "true"]

@@ -16,7 +16,7 @@ from bench.common.errors import UserError
 from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
 from bench.measure import clock, results
-from bench.run.distributed.world import RankLost, TorchrunWorld
+from bench.run.distributed.world import RankLost
 from bench.run.plan import Group
 
 # Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises) or `kill`
@@ -176,7 +176,7 @@ def _layout(
     return out
 
 
-def same_config(cfg: config_mod.Config, w: TorchrunWorld) -> None:
+def same_config(cfg: config_mod.Config, w: Any) -> None:
     """Every rank must run the same sweep (targets may differ: each node its own disks)."""
     d = config_mod.resolved(cfg)
     for k in ("targets", "target_caps", "scratch"):
