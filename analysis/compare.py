@@ -235,24 +235,24 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
         "verdict",
     ]
     rows = []
-    for r in c.table.itertuples():
-        ci = "-" if not np.isfinite(r.ci_low) else f"{r.ci_low:.3f}-{r.ci_high:.3f}"
+    for r in c.table.to_dict("records"):
+        ci = "-" if not np.isfinite(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
         rows.append(
             [
-                r.run,
-                r.engine,
-                r.workload,
-                str(r.n_targets),
-                r.mode_a,
-                r.mode_b,
-                str(r.n_a),
-                str(r.n_b),
-                stats.fmt(r.median_a),
-                stats.fmt(r.median_b),
-                f"{r.ratio:.3f}",
+                r["run"],
+                r["engine"],
+                r["workload"],
+                str(r["n_targets"]),
+                r["mode_a"],
+                r["mode_b"],
+                str(r["n_a"]),
+                str(r["n_b"]),
+                stats.fmt(r["median_a"]),
+                stats.fmt(r["median_b"]),
+                f"{r['ratio']:.3f}",
                 ci,
-                stats.fmt(r.p_value, 2),
-                r.verdict,
+                stats.fmt(r["p_value"], 2),
+                r["verdict"],
             ]
         )
     return headers, rows

@@ -11,7 +11,7 @@ Reads results files only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 import numpy as np
 import pandas as pd
@@ -99,7 +99,7 @@ def series(t: pd.DataFrame, workload: str, n: int, engine: str, mapping: str) ->
 
 def notes(t: pd.DataFrame) -> list[str]:
     """'aggregate bandwidth of k ranks against one rank' per engine, workload and SSD count."""
-    out = []
+    out: list[str] = []
     if t.empty:
         return out
     for (wl, n, e), grp in t.groupby(["workload", "n_targets", "engine"], sort=False):
@@ -112,7 +112,8 @@ def notes(t: pd.DataFrame) -> list[str]:
                 f"{int(r['ranks_active'])} ranks {r['target_map']} {r['agg_GBps']:.2f} GB/s{rel}"
             )
         if len(parts) > 1:
-            out.append(f"{e}, {wl}, {int(n)} SSD(s): " + "; ".join(parts))
+            ssds = int(cast(SupportsInt, n))  # a group key: Hashable to mypy
+            out.append(f"{e}, {wl}, {ssds} SSD(s): " + "; ".join(parts))
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -60,7 +60,8 @@ def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
     w, s = [], []
     for r in df.to_dict("records"):
         t = engine_traits(env, r["engine"])
-        a, b = efficiency(r, c, t) if (c is not None and t) else (None, None)
+        row = cast(dict[str, Any], r)  # a results row, its columns str (Hashable to pandas-stubs)
+        a, b = efficiency(row, c, t) if (c is not None and t) else (None, None)
         w.append(np.nan if a is None else a)
         s.append(np.nan if b is None else b)
     return df.assign(write_eff=w, snapshot_eff=s)
@@ -123,7 +124,7 @@ class Run:
     def gds_modes(self) -> dict[str, str]:
         """Engine -> its mode(s) on this run ('emulated', 'compat', 'gds', 'none')."""
         return {
-            e: "/".join(sorted(set(g["gds_mode"])))
+            str(e): "/".join(sorted(set(g["gds_mode"])))
             for e, g in self.rows.groupby("engine", sort=False)
         }
 

@@ -13,6 +13,8 @@ page-cache peak, the process's RSS peak) and its section analysis.report.scaling
 
 from __future__ import annotations
 
+from typing import SupportsInt, cast
+
 import numpy as np
 import pandas as pd
 from scipy import stats as sstats
@@ -67,7 +69,7 @@ def fits(run: Run) -> pd.DataFrame:
             out.append(
                 {
                     "engine": engine,
-                    "n_targets": int(n),
+                    "n_targets": int(cast(SupportsInt, n)),  # a group key: Hashable to mypy
                     "metric": metric,
                     "slope": float(r.slope),
                     "stderr": float(r.stderr),
@@ -86,11 +88,11 @@ def loud_lines(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return []
     return [
-        f"{r.engine}'s {METRICS[r.metric]} grows faster than the checkpoint: slope "
-        f"{r.slope:.2f} +- {r.stderr:.2f} (log-log, {format_size(r.smallest)} to "
-        f"{format_size(r.largest)} over {r.n_targets} target(s)); a linear cost has slope 1"
-        for r in table.itertuples()
-        if r.superlinear
+        f"{r['engine']}'s {METRICS[r['metric']]} grows faster than the checkpoint: slope "
+        f"{r['slope']:.2f} +- {r['stderr']:.2f} (log-log, {format_size(r['smallest'])} to "
+        f"{format_size(r['largest'])} over {r['n_targets']} target(s)); a linear cost has slope 1"
+        for r in table.to_dict("records")
+        if r["superlinear"]
     ]
 
 
@@ -99,16 +101,17 @@ def rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     headers = ["engine", "targets", "stall slope", "durable slope", "sizes", "faster than linear"]
     out = []
     for (engine, n), g in table.groupby(["engine", "n_targets"], sort=False):
-        by = {r.metric: r for r in g.itertuples()}
+        by = {r["metric"]: r for r in g.to_dict("records")}
+        stall, total = by["stall_s"], by["total_s"]
         out.append(
             [
-                engine,
+                str(engine),
                 str(n),
-                f"{by['stall_s'].slope:.2f} +- {by['stall_s'].stderr:.2f}",
-                f"{by['total_s'].slope:.2f} +- {by['total_s'].stderr:.2f}",
-                f"{by['stall_s'].sizes} ({format_size(by['stall_s'].smallest)}-"
-                f"{format_size(by['stall_s'].largest)})",
-                ", ".join(METRICS[m] for m, r in by.items() if r.superlinear) or "no",
+                f"{stall['slope']:.2f} +- {stall['stderr']:.2f}",
+                f"{total['slope']:.2f} +- {total['stderr']:.2f}",
+                f"{stall['sizes']} ({format_size(stall['smallest'])}-"
+                f"{format_size(stall['largest'])})",
+                ", ".join(METRICS[m] for m, r in by.items() if r["superlinear"]) or "no",
             ]
         )
     return headers, out

@@ -70,6 +70,14 @@ def test_every_registered_engine_keeps_the_contract(name, make_engine, targets):
     assert not any(Path(p).exists() for p in eng.cached_files("x"))
 
 
+def test_mypy_holds_every_registered_engine_to_the_contract():
+    """bench/engines/contract.py lists each registered class, so that mypy checks its types
+    against the Engine protocol (REGISTRY's own lookups are by name, which mypy cannot follow)."""
+    from bench.engines import contract
+
+    assert contract.CONTRACT == dict(engines.REGISTRY)
+
+
 def _pinned_here(name: str, eng: object) -> int:
     """The host memory each engine holds after that save without a GPU, worked out by hand:
     the snapshot engines one staging buffer of the packed state ('a' at 0, 4000 bytes; 'c' at
@@ -92,7 +100,7 @@ def test_the_config_layer_loads_neither_torch_nor_an_engine():
         " 'tensor_sizes': ['1MiB'], 'engine_options': {'gds': {'io': 'emulated'}}})\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'xxhash')"
         " or (m.startswith('bench.engines.') and m not in ('bench.engines.options',"
-        " 'bench.common.traits')))\n"
+        " 'bench.engines.registry', 'bench.common.traits')))\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

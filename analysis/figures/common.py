@@ -16,7 +16,7 @@ import functools
 import os
 import textwrap
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -24,6 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; mypy checks the keys with it
 
 from analysis.runs import Run, label
 from bench.common.sizes import format_size
@@ -37,7 +41,7 @@ COLORS = {
     "dcp": "#9467bd",
 }
 MARKERS = {"gds": "o", "cpu-single": "s", "cpu-double": "^", "torch-save": "D", "dcp": "v"}
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 8,
     "axes.titlesize": 8,
     "axes.labelsize": 8,
@@ -98,7 +102,9 @@ def footer(fig: Figure, run: Run, extra: str = "") -> None:
     if extra:
         parts.append(extra)
     text = "\n".join(textwrap.fill(p, 120 if fig.get_figwidth() > 5 else 70) for p in parts)
-    fig.get_layout_engine().set(h_pad=0.04)
+    layout = fig.get_layout_engine()
+    assert isinstance(layout, ConstrainedLayoutEngine)  # new_figure() makes it constrained
+    layout.set(h_pad=0.04)
     fig.supxlabel(text, fontsize=5.5, color="#aa0000" if run.emulated else "0.3", x=0.0, ha="left")
 
 

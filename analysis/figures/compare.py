@@ -77,8 +77,9 @@ def compare_bandwidth(runs: list[Run], table: pd.DataFrame, metric: str, xlabel:
         bx.set_yticks(y)
         bx.set_yticklabels(
             [
-                f"{r.run}/A {r.engine} {r.workload.replace('synthetic-', '')} x{r.n_targets}"
-                for r in table.itertuples()
+                f"{r['run']}/A {r['engine']} {r['workload'].replace('synthetic-', '')}"
+                f" x{r['n_targets']}"
+                for r in table.to_dict("records")
             ],
             fontsize=6,
         )

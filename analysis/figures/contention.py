@@ -4,6 +4,8 @@ against the ranks checkpointing together (analysis.contention).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -25,7 +27,14 @@ from analysis.runs import Run, order_engines
 from bench.common.sizes import format_size
 from bench.measure.ceilings import DIRECT_WRITE, RunCeilings
 
-MAP_STYLES = {"shared": "-", "dedicated": "--", "dedicated-subfolders": "--"}
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
+
+MAP_STYLES: dict[str, LineStyleType] = {
+    "shared": "-",
+    "dedicated": "--",
+    "dedicated-subfolders": "--",
+}
 
 
 @styled

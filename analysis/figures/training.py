@@ -36,7 +36,9 @@ def training_stall(tr: training.TrainingRun) -> Figure:
     ncols = 2 if len(engines) > 1 else 1
     nrows = -(-len(engines) // ncols)
     fig = Figure(figsize=(COL2, 1.35 * nrows + 2.9), layout="constrained")
-    top_fig, bot_fig = fig.subfigures(2, 1, height_ratios=[1.35 * nrows + 0.6, 2.3])
+    top_fig, bot_fig = fig.subfigures(2, 1, squeeze=False, height_ratios=[1.35 * nrows + 0.6, 2.3])[
+        :, 0
+    ]
     base = tr.steps.loc[tr.steps["engine"] == training.NONE, "step_s"]
     base_med = float(base.median()) if len(base) else None
     top = float(tr.steps["step_s"].max()) * 1.08

@@ -119,7 +119,7 @@ class Profile:
     def storage_Bps(self, n: float) -> float:
         """W(n): aggregate write bandwidth of n SSDs (as measured for n targets, when it was;
         no scaling when they share one device)."""
-        measured = dict(self.direct_by_n)
+        measured: dict[float, float] = dict(self.direct_by_n)  # n may be 2.0 for 2 SSDs
         if n in measured:
             return measured[n]
         return self.ssd_write_Bps if self.shared_device else n * self.ssd_write_Bps
@@ -127,9 +127,10 @@ class Profile:
     def page_cache_Bps(self, n: float, single_writer: bool = False) -> float:
         """P(n): the page-cache path's rate to durability over n SSDs (as measured, else W(n);
         the host's copy share bounds it in `predict`); P1(n) for one writer when measured."""
-        measured = dict(self.buffered_by_n)
-        if single_writer and n in dict(self.buffered_single_by_n):
-            return dict(self.buffered_single_by_n)[n]
+        measured: dict[float, float] = dict(self.buffered_by_n)
+        single: dict[float, float] = dict(self.buffered_single_by_n)
+        if single_writer and n in single:
+            return single[n]
         return measured.get(n, self.storage_Bps(n))
 
 
@@ -190,7 +191,7 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
         raise UserError(f"{path}: missing inputs {', '.join(missing)}")
     q: dict[str, Quoted] = {k: getattr(pf, k) for k in REQUIRED_INPUTS}
     link = pf.gds_link_GBps
-    sources = {k: (v.kind, v.source) for k, v in q.items()}
+    sources: dict[str, tuple[str, str]] = {k: (v.kind, v.source) for k, v in q.items()}
     if link is not None:
         sources["gds_link_GBps"] = (link.kind, link.source)
     for key in ("host_cores", "dram_GBps"):

@@ -12,7 +12,7 @@ from typing import Any
 LOGGER = "ckptbench"
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):
     """To whatever sys.stderr is when a line is written (a test's capture, a redirect)."""
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -20,10 +20,11 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-class RankLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+class RankLog(logging.LoggerAdapter):
     """The log of one rank: every line prefixed with it."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        assert self.extra is not None  # for_rank() gives it {"rank": N}
         return f"[rank {self.extra['rank']}] {msg}", kwargs
 
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Protocol
 
 from bench.common.errors import UserError
 from bench.common.traits import Traits
+from bench.engines.registry import validate_options
 from bench.measure.detail import Detail
 
 
@@ -160,8 +161,15 @@ class Engine(Protocol):
     traits: ClassVar[Traits]  # what its data path is (bench.common.traits)
     targets: list[str]
     options: Any  # its validated options (its registered model, bench.engines.options)
-    pinned_bytes: int  # page-locked host memory it holds
     restore_mode: str  # how its last load() read: "host", or for gds into CUDA "gds"/"compat"
+
+    def __init__(self, targets: list[str], **options: Any) -> None:
+        """An engine writing to `targets` (directories, in order) with its options (its knobs,
+        validated against its registered model); `bench.engines.create()` calls it."""
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Page-locked host memory it holds (an attribute or a property)."""
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
@@ -227,8 +235,6 @@ ENGINE_MEMBERS = (
 def build_options(engine: str, given: dict[str, Any]) -> Any:
     """Engine `engine`'s validated options (its registered model); errors are UserErrors naming
     the option."""
-    from bench.engines import validate_options
-
     return validate_options(engine, given)
 
 

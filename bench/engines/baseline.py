@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.common.errors import UserError
 from bench.common.traits import Traits
@@ -26,14 +26,18 @@ POINTER = "current"
 class BaselineEngine:
     """Base of the baselines: subclasses write a generation directory in `save()`."""
 
-    name: str
-    traits: Traits
+    name: ClassVar[str]
+    traits: ClassVar[Traits]
     restore_mode = "host"
-    pinned_bytes = 0  # host staging memory the engine holds between saves
 
     def __init__(self, targets: list[str], **options: Any) -> None:
         self.options = build_options(self.name, options)
         self.targets = check_targets(self.name, targets)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Host staging memory the engine holds between saves."""
+        return 0
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:

@@ -95,7 +95,7 @@ class Dcp(BaselineEngine):
             self._pending._done.wait()
 
     @property
-    def pinned_bytes(self) -> int:  # type: ignore[override]
+    def pinned_bytes(self) -> int:
         """The host copy DCP's cached staging keeps (pinned on CUDA)."""
         return self._staged_bytes
 

@@ -126,7 +126,7 @@ class FastPersist(BaselineEngine):
         self._setup()
 
     @property
-    def pinned_bytes(self) -> int:  # type: ignore[override]
+    def pinned_bytes(self) -> int:
         return 0 if self._buffer is None else self._buffer.numel()
 
     def save(self, state: Any, name: str) -> PendingSave:

@@ -2,7 +2,7 @@
 unknown keys and bad values fail with the key's path. Nothing here imports torch or an engine,
 so a config is checked before anything heavy loads.
 
-An engine names its options model in its registration line (bench/engines/__init__.py); a new
+An engine names its options model in its registration line (bench/engines/registry.py); a new
 engine reuses one of these or adds its own here.
 """
 

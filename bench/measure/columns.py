@@ -129,7 +129,8 @@ def names(kind: type) -> list[str]:
 
 def values(row: Any) -> dict[str, Any]:
     """A row's cells by column, in the file's order."""
-    return {c.name: getattr(row, c.name) for c in columns(type(row))}
+    kind: type = type(row)  # mypy takes type(an Any) for unhashable (python/mypy#11470)
+    return {c.name: getattr(row, c.name) for c in columns(kind)}
 
 
 def fill(row: Any, part: Any) -> None:

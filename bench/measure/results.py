@@ -15,7 +15,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bench.measure.columns import column, frame, missing, names, read_types, values
 
@@ -418,7 +418,7 @@ class RowWriter:
         self.kind = kind
         self.columns = names(kind)
         new = not os.path.exists(path)
-        extra = "raise"
+        extra: Literal["raise", "ignore"] = "raise"
         if not new:
             # A run resumed by a newer ckptbench keeps the columns its file began with: rows
             # wider than the header would no longer parse (the new columns are left out).

@@ -1,0 +1,29 @@
+"""For mypy only (nothing imports this module): each registered engine class, held to the
+engine contract (bench.engines.base.Engine). `bench.engines.REGISTRY` promises a `type[Engine]`
+of a class it imports by name, which mypy cannot follow; here it checks each class against the
+protocol: its class variables, classmethods, methods and their signatures.
+
+Imports: the engines (every one; being imported by none, it closes no import circle).
+"""
+
+from __future__ import annotations
+
+from bench.engines.base import Engine
+from bench.engines.cpu_double import CpuDouble
+from bench.engines.cpu_single import CpuSingle
+from bench.engines.dcp import Dcp
+from bench.engines.fastpersist import FastPersist
+from bench.engines.gds import Gds
+from bench.engines.safetensors_save import Safetensors
+from bench.engines.torch_save import TorchSave
+
+# One line per line of bench.engines.registry.ENGINES.
+CONTRACT: dict[str, type[Engine]] = {
+    "gds": Gds,
+    "cpu-single": CpuSingle,
+    "cpu-double": CpuDouble,
+    "torch-save": TorchSave,
+    "dcp": Dcp,
+    "safetensors": Safetensors,
+    "fastpersist": FastPersist,
+}
