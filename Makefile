@@ -26,7 +26,7 @@ endif
 
 help:
 	@echo "make bench    run $(CONFIG) (ARGS='--set repetitions=5' to override)"
-	@echo "make test     run the tests"
+	@echo "make test     mypy, then the tests"
 	@echo "make engines  list the engines and whether each runs here"
 	@echo "make lint     ruff check + format check"
 	@echo "make columns  write README.md's columns tables from the row types"
@@ -53,7 +53,9 @@ $(BIN)/.installed: pyproject.toml scripts/kvikio-cpu.txt
 bench: $(BIN)/.installed
 	$(BIN)/ckptbench run $(CONFIG) $(ARGS)
 
+# mypy first (pyproject.toml [tool.mypy]: bench/ and analysis/, pinned): a type error fails the tests.
 test: $(BIN)/.installed
+	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
 
 engines: $(BIN)/.installed

@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 from bench.common import cudasync
 from bench.common.errors import UserError
+
+if TYPE_CHECKING:
+    from bench.run.sweep import Sweep
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -64,14 +68,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight_table(r: object) -> int:
+def _preflight_table(r: Sweep) -> int:
     """`run --preflight`: every case's verdict (bench.run.preflight), nothing run; exit 2 if no
     case fits."""
     from analysis.tables import text_table
     from bench.common import sizes
 
-    r.run()  # type: ignore[attr-defined]
-    block = r.preflight_block  # type: ignore[attr-defined]
+    r.run()
+    block = r.preflight_block
     rows = [
         [
             case,
@@ -144,7 +148,7 @@ def _cmd_engines(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line (exit code 2), like every other error."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from concurrent.futures import Future
 from typing import Any
 
 from bench.common.traits import Traits
@@ -130,11 +131,11 @@ class Dcp(BaselineEngine):
         try:
             response = dcp.async_save(state, storage_writer=writer, **kw, **_no_dist())
             # Training may change the tensors once DCP has staged them.
-            if hasattr(response, "staging_completion"):
+            if isinstance(response, Future):
+                future = response
+            else:  # AsyncSaveResponse: staging and upload as two futures
                 response.staging_completion.result()
                 future = response.upload_completion
-            else:
-                future = response
         except BaseException:
             self._abort(name, save_id)
             raise

@@ -504,7 +504,8 @@ class SnapshotEngine(StripedEngine):
         pieces, file_bytes = layout.packed(
             np.empty(0, dtype=np.uint8), used, entries, offsets, len(self.targets), chunk
         )
-        batch, pieced = [], []
+        batch: list[int] = []
+        pieced: list[int] = []
         for i, (t, e, off) in enumerate(zip(tensors, entries, offsets, strict=True)):
             if not e.nbytes:
                 continue
@@ -729,7 +730,7 @@ class SnapshotEngine(StripedEngine):
         result.staging_grew = grew
         k, chunk, n = self.options.staging_chunks, self.options.chunk_bytes, len(self.targets)
         offsets, used, file_bytes = pk.offsets, pk.used, pk.file_bytes
-        srcs = []
+        srcs: list[torch.Tensor | None] = []
         for t in tensors:
             src = t.detach()
             if not src.is_contiguous():
@@ -755,8 +756,9 @@ class SnapshotEngine(StripedEngine):
                     if offsets[i] >= hi:
                         break
                     a, b = max(lo, offsets[i]), min(hi, offsets[i] + entries[i].nbytes)
-                    if b > a:
-                        src = srcs[i][a - offsets[i] : b - offsets[i]]
+                    whole_src = srcs[i]
+                    if b > a and whole_src is not None:  # an entry with bytes has a source
+                        src = whole_src[a - offsets[i] : b - offsets[i]]
                         if src.device.type == "cpu":
                             np.copyto(ring_arr[base + a - lo : base + b - lo], src.numpy())
                         else:
@@ -766,7 +768,7 @@ class SnapshotEngine(StripedEngine):
                 if hashers is not None:
                     h0 = _now()
                     for i, a, b in spans:
-                        hashers[i].update(ring_arr[a:b])
+                        hashers[i].update(ring_arr[a:b].data)
                     hash_ns += _now() - h0
                 piece = layout.Piece(j % n, (j // n) * chunk, ring_arr, base, hi - lo)
                 slots[j % k] = self.writer.pool.submit(self.writer.write, fds[piece.target], piece)

@@ -101,7 +101,7 @@ MALLOC_HUGETLB = "glibc.malloc.hugetlb=1"
 
 def _glibc_version() -> tuple[int, int] | None:
     try:
-        _, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # "glibc 2.36"
+        _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").split()  # "glibc 2.36"
         major, minor = version.split(".")[:2]
         return int(major), int(minor)
     except (ValueError, OSError, AttributeError):
@@ -256,7 +256,7 @@ def builtin_write(
         buf = odirect.HostBuffer(block)
         undo.callback(buf.close)
         buf.array[:] = random_bytes(buf.nbytes)[: buf.array.size]
-        view = memoryview(buf.array)[:block]
+        view = buf.array.data[:block]
         undo.callback(view.release)
         flags = os.O_WRONLY | (os.O_DIRECT if direct else 0)
         fds: list[int] = []
@@ -271,8 +271,9 @@ def builtin_write(
         def write(i: int, j: int) -> int:
             if stop is not None and time.perf_counter_ns() > stop:
                 return 0
-            if buckets[i] is not None:
-                buckets[i].take(block)
+            bucket = buckets[i]
+            if bucket is not None:
+                bucket.take(block)
             odirect.pwrite_all(fds[i], view, j * block)
             return block
 

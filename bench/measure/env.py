@@ -98,7 +98,7 @@ def _block_device(path: str) -> dict[str, Any]:
 
 def targets_info(targets: list[str]) -> dict[str, Any]:
     """Per-target filesystem and device, and whether all targets share one device."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for t in targets:
         usage = shutil.disk_usage(t)
         rows.append(

@@ -11,13 +11,16 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import sizes
 from bench.common.errors import UserError
 from bench.config import sweep as config_mod
 from bench.engines import REGISTRY
 from bench.workloads.presets import PRESETS
+
+if TYPE_CHECKING:
+    from bench.engines.base import StateSize
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,9 @@ class Workload:
     tensor_bytes: int  # 0 for models (mixed sizes)
     model: config_mod.ModelSpec | None = None
 
-    def size(self, cfg: config_mod.Config, cuda: bool, targets: int, total: int | None = None):
+    def size(
+        self, cfg: config_mod.Config, cuda: bool, targets: int, total: int | None = None
+    ) -> StateSize:
         """Its state's size (bench.engines.base.StateSize), without building it; `total`: a
         rank's shard of a synthetic workload."""
         from bench.engines.base import StateSize

@@ -127,7 +127,7 @@ def restore_phase(
     row.restore_mode = getattr(eng, "restore_mode", "host")
     eng.check(name, loaded)
     if check:
-        if in_place:
+        if fingerprint is not None:  # in place
             diff = verify.first_fingerprint_difference(fingerprint, verify.fingerprint(loaded))
         else:
             loose = REGISTRY[engine].traits.loose_keys

@@ -143,13 +143,13 @@ def leftovers(targets: list[str], name: str, keep: str | None = None) -> list[st
             continue
         if MANIFEST in listing[d]:
             try:
-                with open(os.path.join(d, MANIFEST)) as f:
-                    keep_ids.add(Manifest.from_json(f.read(), d).save_id)
+                with open(os.path.join(d, MANIFEST)) as mf:
+                    keep_ids.add(Manifest.from_json(mf.read(), d).save_id)
             except (OSError, UserError):
                 return []
         if "current" in listing[d]:
-            with open(os.path.join(d, "current")) as f:
-                keep_ids.add(f.read().strip())
+            with open(os.path.join(d, "current")) as cur:
+                keep_ids.add(cur.read().strip())
     out = []
     mine = [os.path.realpath(t) for t in targets]
     for t in targets:

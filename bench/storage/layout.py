@@ -147,7 +147,7 @@ def _bounce(fd: int, data: memoryview, block_offset: int, at: int) -> None:
     buf = odirect.HostBuffer(at + len(data), prefault=False)
     try:
         buf.array[at : at + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        odirect.pwrite_all(fd, memoryview(buf.array), block_offset)
+        odirect.pwrite_all(fd, buf.array.data, block_offset)
     finally:
         buf.close()
 
@@ -193,7 +193,7 @@ def read_tensors(
             arr = out[i].numpy()
             pos = 0
             for t, off, length in e.extents:
-                odirect.pread_into(fds[t], memoryview(arr)[pos : pos + length], off)
+                odirect.pread_into(fds[t], arr.data[pos : pos + length], off)
                 pos += length
             if check and manifest.checksums:
                 check_entry(targets, manifest, e, arr)

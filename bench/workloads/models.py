@@ -31,7 +31,10 @@ from bench.workloads.synthetic import DeviceMemory, fill_random
 
 def _gpt2_shapes(a: Arch) -> list[tuple[str, tuple[int, ...]]]:
     d = a.d_model
-    shapes = [("wte.weight", (a.vocab, d)), ("wpe.weight", (a.ctx, d))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [
+        ("wte.weight", (a.vocab, d)),
+        ("wpe.weight", (a.ctx, d)),
+    ]
     for i in range(a.n_layer):
         p = f"h.{i}."
         shapes += [

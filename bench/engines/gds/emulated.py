@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,8 +16,11 @@ from bench.engines.stripes import Job
 from bench.storage import layout, odirect
 from bench.storage.staging import PinnedBuffer
 
+if TYPE_CHECKING:
+    from bench.engines.gds.engine import Gds
 
-def write(self: Any, job: Job, w: coalesce.Writes) -> None:
+
+def write(self: Gds, job: Job, w: coalesce.Writes) -> None:
     """O_DIRECT from the tensors' own memory and from the coalescing buffer, as the kvikio
     path writes (the emulation of gds: never GDS numbers)."""
     co, pieces, file_bytes, mems, dev = w.co, w.pieces, w.file_bytes, w.mems, w.dev
@@ -44,7 +47,7 @@ def write(self: Any, job: Job, w: coalesce.Writes) -> None:
     self.writer.drain(job, fds, futures, file_bytes)
 
 
-def write_piece(self: Any, fd: int, piece: layout.Piece) -> None:
+def write_piece(self: Gds, fd: int, piece: layout.Piece) -> None:
     if not isinstance(piece.mem, torch.Tensor):
         self.writer.write(fd, piece)
         return
@@ -61,10 +64,10 @@ def write_piece(self: Any, fd: int, piece: layout.Piece) -> None:
     dst = torch.from_numpy(arr[mis : mis + piece.length])
     dst.copy_(piece.mem[piece.start : piece.start + piece.length])
     self.writer.pace(piece.target, piece.length)
-    odirect.pwrite_all(fd, memoryview(arr[:span]), piece.file_offset - mis)
+    odirect.pwrite_all(fd, arr[:span].data, piece.file_offset - mis)
 
 
-def bounce_buffer(self: Any, span: int) -> PinnedBuffer:
+def bounce_buffer(self: Gds, span: int) -> PinnedBuffer:
     buf = getattr(self._bounce, "buf", None)
     if buf is None or buf.nbytes < span:
         buf = PinnedBuffer(max(span, self.options.chunk_bytes + 2 * odirect.ALIGN))

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,8 +23,11 @@ from bench.measure.detail import GdsDetail
 from bench.storage import checksums, generations, layout
 from bench.storage.tree import flatten, unflatten
 
+if TYPE_CHECKING:
+    from bench.engines.gds.engine import Gds
 
-def open_cufile(self: Any, path: str, flags: str, reasons: list[str]) -> Any:
+
+def open_cufile(self: Gds, path: str, flags: str, reasons: list[str]) -> Any:
     """A CuFile for `path`. Opened with compat mode OFF, so that it either uses cuFile or
     fails; on failure (and with allow_compat) opened again through POSIX, with the reason
     appended to `reasons`: the fallback kvikio's AUTO mode would make silently. OFF is
@@ -49,7 +52,7 @@ def open_cufile(self: Any, path: str, flags: str, reasons: list[str]) -> Any:
 
 
 def hash_direct(
-    self: Any, job: Job, idx: list[int], mems: dict[int, torch.Tensor], dev: list[bool]
+    self: Gds, job: Job, idx: list[int], mems: dict[int, torch.Tensor], dev: list[bool]
 ) -> None:
     """Checksums of the directly written tensors while kvikio's threads write: host tensors
     with xxh3; device tensors by torch kernels on a side stream, their sums read back to the
@@ -71,7 +74,7 @@ def hash_direct(
         job.wsum64[i] = checksums.wsum64_digest(row[0], row[1], entries[i].nbytes)
 
 
-def write(self: Any, job: Job, w: coalesce.Writes) -> None:
+def write(self: Gds, job: Job, w: coalesce.Writes) -> None:
     """Write with kvikio CuFile.pwrite from device memory (paced where a target is capped),
     the coalesced tensors window by window from the coalescing buffer, hash meanwhile,
     fsync, commit the manifest; label the save from what its files did."""
@@ -135,10 +138,12 @@ def write(self: Any, job: Job, w: coalesce.Writes) -> None:
             order: dict[int, list[layout.Piece]] = {}
             for p in pieces:
                 order.setdefault(p.target, []).append(p)
-            issuers = [
-                self.writer.pool.submit(lambda ps: [issue(p) for p in ps], ps)
-                for ps in order.values()
-            ]
+
+            def issue_all(ps: list[layout.Piece]) -> None:
+                for p in ps:
+                    issue(p)
+
+            issuers = [self.writer.pool.submit(issue_all, ps) for ps in order.values()]
         else:
             for p in pieces:
                 issue(p)
@@ -226,7 +231,7 @@ def write(self: Any, job: Job, w: coalesce.Writes) -> None:
 
 
 def load(
-    self: Any, name: str, device: str = "cpu", checksums: bool = True, into: Any = None
+    self: Gds, name: str, device: str = "cpu", checksums: bool = True, into: Any = None
 ) -> Any:
     """Restore `name`; into CUDA memory through kvikio pread (the GDS read path) when this
     engine writes with kvikio, else through host memory like the other engines. `into`: a
@@ -301,12 +306,13 @@ def load(
         for i, buf in out.items():
             layout.check_entry(self.targets, m, m.tensors[i], buf)
     if host_side:
-        for i, t in zip(
+        for i, host in zip(
             host_side,
             layout.read_tensors(self.targets, m, only=host_side, check=checksums),
             strict=True,
         ):
-            out[i] = cuda.to_device(t.reshape(-1).view(torch.uint8) if t.numel() else t, dev)
+            flat = host.reshape(-1).view(torch.uint8) if host.numel() else host
+            out[i] = cuda.to_device(flat, dev)
     self.restore_detail = {
         **settings,
         **({"settings_reset_in_restore": True} if reset else {}),
@@ -315,8 +321,8 @@ def load(
     }
     tensors = [layout.typed(out[i], e) for i, e in enumerate(m.tensors)]
     if dst is not None:
-        for t, got in zip(dst, tensors, strict=True):
-            if got.numel() and t.data_ptr() != got.data_ptr():
-                t.copy_(got)  # read elsewhere: a host tensor, or a strided device one
+        for mine, read in zip(dst, tensors, strict=True):
+            if read.numel() and mine.data_ptr() != read.data_ptr():
+                mine.copy_(read)  # read elsewhere: a host tensor, or a strided device one
         return into
     return unflatten(m.tree, tensors)

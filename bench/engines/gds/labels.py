@@ -6,10 +6,13 @@ their job."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.engines.gds import kvikio_lib
 from bench.measure import env as env_mod
+
+if TYPE_CHECKING:
+    from bench.engines.gds.engine import Gds
 
 MiB = 1 << 20
 
@@ -110,7 +113,7 @@ def nvfs_verdict(
     return evidence, None
 
 
-def filesystem_reasons(self: Any) -> list[str]:
+def filesystem_reasons(self: Gds) -> list[str]:
     """Why GDS would not serve a target natively (`native_gds_reason`): used to label a
     save only where nvidia-fs keeps no byte counters, and only when cufile.json allows
     cuFile's own compat mode."""
@@ -123,7 +126,7 @@ def filesystem_reasons(self: Any) -> list[str]:
 
 
 def label(
-    self: Any,
+    self: Gds,
     reasons: list[str],
     device_bytes: int,
     nvfs_before: dict[str, int] | None,

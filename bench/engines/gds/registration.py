@@ -5,15 +5,18 @@ with the views of the state they keep. Functions taking `self` are methods of th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from bench.engines.gds import cuda, kvikio_lib
 from bench.storage.tree import flatten
 
+if TYPE_CHECKING:
+    from bench.engines.gds.engine import Gds
 
-def register(self: Any, state: Any) -> None:
+
+def register(self: Gds, state: Any) -> None:
     """Register the state's device memory, and the coalescing buffer, with cuFile (kvikio's
     memory_register): once per CUDA allocation, which kvikio registers whole and refuses
     to register twice; a failure is recorded with the tensors it left out, and the other
@@ -59,7 +62,7 @@ def register(self: Any, state: Any) -> None:
         self._register_note = f"{len(failed)} tensors not registered ({first})"[:400]
 
 
-def deregister(self: Any) -> None:
+def deregister(self: Gds) -> None:
     self._registered_ptrs.clear()
     self._register_failed = []
     if not self._registered:
@@ -73,7 +76,7 @@ def deregister(self: Any) -> None:
     self._registered.clear()
 
 
-def deregister_buffer(self: Any, buf: torch.Tensor) -> None:
+def deregister_buffer(self: Gds, buf: torch.Tensor) -> None:
     """Before the coalescing buffer is freed: its registration goes, and with it that of
     the tensors sharing its allocation (`warm()` registers them again)."""
     if buf.numel() and buf.data_ptr() in self._registered_ptrs:

@@ -41,12 +41,12 @@ from bench.config.training import NONE, TrainingConfig, param_count, resolved, s
 from bench.measure import clock, results
 from bench.measure import timers as measure
 from bench.measure.clock import Clocked
+from bench.measure.results import CheckpointRow, StepRow  # their columns
 from bench.run.core import Core
 from bench.run.training.model import Trainer, clone_state
 from bench.storage import verify
 
 STEPS_CSV, CKPTS_CSV = results.STEPS_CSV, results.CKPTS_CSV
-StepRow, CheckpointRow = results.StepRow, results.CheckpointRow  # their columns
 
 
 OnSave = Callable[[str, int, Any], None]
@@ -165,9 +165,11 @@ class TrainingRun:
         measure.drop_page_cache()
         gc.collect()
         tr = Trainer(cfg, self.device.torch_device)
+        core = self.core
+        assert core is not None, "run() opened the core"
         # Behind the harness's clock (bench.measure.clock): stall and time to durability are
         # read around the engine's save(), never taken from it.
-        eng = None if engine == NONE else clock.clocked(self.core.create(engine, targets))
+        eng = None if engine == NONE else clock.clocked(core.create(engine, targets))
         prefix = f"ckptbench-{self.run_id}-train-{engine}"
         self._made: list[str] = []  # checkpoints of this engine still on the targets
         step_rows: list[StepRow] = []
@@ -206,8 +208,8 @@ class TrainingRun:
                     except Exception as e:  # cleanup must not mask the cause
                         self.log(f"could not delete checkpoint {name}: {e}")
                 eng.close()
-        self.core.write(step_rows, STEPS_CSV)
-        self.core.write(ckpt_rows, CKPTS_CSV)
+        core.write(step_rows, STEPS_CSV)
+        core.write(ckpt_rows, CKPTS_CSV)
 
     def _loop(
         self, engine: str, tr: Trainer, eng: Clocked | None, prefix: str
@@ -226,7 +228,7 @@ class TrainingRun:
         for s in range(cfg.steps):
             # Untimed, between steps: once the newest save is durable, delete the older ones (a
             # striped engine's delete() would wait for a save still persisting).
-            if len(live) > 1 and live[-1].pending.done():
+            if eng is not None and len(live) > 1 and live[-1].pending.done():
                 for sv in live[:-1]:
                     sv.pending.wait()  # re-raises a persist error here
                     self._delete(eng, sv.name)
@@ -237,7 +239,7 @@ class TrainingRun:
             t1 = time.perf_counter_ns()
             save_call_s, t2 = 0.0, t1
             ckpt = eng is not None and s % every == 0
-            if ckpt:
+            if eng is not None and ckpt:
                 if s == last_ckpt and cfg.verify:
                     expected = clone_state(tr.state())  # untimed: between t1 and t2
                 if self.on_save is not None:
@@ -294,6 +296,7 @@ class TrainingRun:
                     r.during_persist, r.persist_of_step = True, c.step
                     c.overlap_steps += 1
         if saves:
+            assert eng is not None, "only an engine saves"
             last = saves[-1]
             if expected is not None:
                 loaded = eng.load(last.name, device=str(self.device.torch_device))

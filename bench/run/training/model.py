@@ -27,6 +27,7 @@ class TinyGPT(nn.Module):
         self.blocks = nn.TransformerEncoder(layer, m.n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(m.d_model)
         self.head = nn.Linear(m.d_model, m.vocab, bias=False)
+        self.mask: torch.Tensor
         self.register_buffer(
             "mask", nn.Transformer.generate_square_subsequent_mask(m.seq_len), persistent=False
         )
