@@ -26,6 +26,7 @@ from analysis.model.profiles import load_profile, load_profiles
 from analysis.report.build import Report, build
 from analysis.report.captions import FIGURES
 from analysis.report.caveats import warnings_for
+from analysis.report.doc import Doc
 from analysis.report.model import MODEL_CSV, model_errors, model_frame, model_vs_measured
 from bench.cli import main
 from bench.common.errors import UserError
@@ -569,7 +570,7 @@ def test_report_md_content(built: Report) -> None:
     assert "### Model against measurement" in md
     assert "| target 0 | scratch/bench/target-0: ext4 on /dev/vda" in md
     html = (Path(built.outdir) / "report.html").read_text()
-    assert "<table>" in html and "src='feasibility.png'" in html
+    assert "<table>" in html and '<img src="feasibility.png"' in html
 
 
 def test_report_summary_csv_matches_table(built: Report, run: runs.Run) -> None:
@@ -698,3 +699,20 @@ def test_analysis_imports_run_one_way() -> None:
     ]
     assert upward == []
     assert all(not imports[p] for p in packages if p in imports)
+
+
+def test_doc_html_is_its_markdown_rendered() -> None:
+    """report.html is report.md rendered: inline code, emphasis, a pipe inside a cell and text
+    that looks like a tag come out as the Markdown means them."""
+    d = Doc()
+    d.h(2, "Stall of `cpu-single`")
+    d.warn("EMULATED: not GDS")
+    d.table(["engine", "note"], [["gds", "a|b <script>"]])
+    d.img("fig.png", "Figure 1. Stall against SSDs.")
+    md, page = d.markdown(), d.html("t")
+    assert "| gds | a\\|b <script> |" in md
+    assert "<h2>Stall of <code>cpu-single</code></h2>" in page
+    assert "<blockquote>\n<p><strong>EMULATED: not GDS</strong></p>" in page
+    assert "<td>a|b &lt;script&gt;</td>" in page
+    assert '<img src="fig.png" alt="Figure 1" />' in page
+    assert "<em>Figure 1. Stall against SSDs.</em>" in page
