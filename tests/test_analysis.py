@@ -376,6 +376,43 @@ def test_stall_figure_has_model_beside_measurement(run: runs.Run) -> None:
     assert "ALL TARGETS ON ONE DEVICE" in fig.get_supxlabel()
 
 
+def test_stall_figure_titles_of_long_workload_names_do_not_overlap(run: runs.Run) -> None:
+    """Three panels a row with long workload names: each title wrapped to lines of at most
+    TITLE_CHARS[3] characters, and no title's drawn box overlaps another's."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from analysis.figures.stall import TITLE_CHARS, panel_title
+
+    long = {
+        "synthetic-1GiB-4MiB": "olmoe-1b-7b-0924-expert-shard-of-rank-0-with-optimizer",
+        "synthetic-1GiB-256MiB": "llama3_70b_tensor_parallel_shard_with_adam_moments",
+    }
+    ok = run.ok.assign(workload=run.ok["workload"].map(long))
+    third = ok[ok["workload"] == long["synthetic-1GiB-4MiB"]].assign(
+        workload="averyveryverylongworkloadnamewithoutanyplacetobreakitatall"
+    )
+    fig = stall_vs_ssds(dataclasses.replace(run, ok=pd.concat([ok, third])), None)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+    assert len(axes) == 3
+    titles = [ax.get_title() for ax in axes]
+    for t in titles:
+        assert all(0 < len(line) <= TITLE_CHARS[3] for line in t.split("\n")), t
+    # the words are all there, in order, cut only at their hyphens and underscores
+    assert titles[0].replace("\n", " ").replace("- ", "-") == (
+        "olmoe-1b-7b-0924-expert-shard-of-rank-0-with-optimizer (1GiB)"
+    )
+    assert (
+        titles[1].replace("\n", "") == "llama3_70b_tensor_parallel_shard_with_adam_moments (1GiB)"
+    )
+    assert panel_title("synthetic-1GiB-4MiB", 1 << 30, 2) == "synthetic-1GiB-4MiB (1GiB)"
+    boxes = [ax.title.get_window_extent(canvas.get_renderer()) for ax in axes]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert a.x1 <= b.x0 or b.x1 <= a.x0 or a.y1 <= b.y0 or b.y1 <= a.y0, (a, b)
+
+
 def test_host_memory_figure(run: runs.Run) -> None:
     fig = host_memory(run)
     ax = fig.get_axes()[0]

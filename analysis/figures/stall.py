@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -21,6 +23,21 @@ from analysis.model.profiles import Profile
 from analysis.runs import Run, order_engines
 from analysis.stats import case_stats
 from bench.common.sizes import format_size
+
+# Characters a panel title's line may hold at the house title size (8 pt): a panel of the
+# two-column figure is a third of it wide when there are three, and titles longer than their
+# panel ran into their neighbours'.
+TITLE_CHARS = {1: 60, 2: 44, 3: 28}
+
+
+def panel_title(workload: str, size: int, ncols: int) -> str:
+    """A panel's title, the workload and its size, wrapped to lines that fit the panel (at
+    spaces, hyphens and underscores; a name without any is cut where it must)."""
+    width = TITLE_CHARS.get(ncols, 28)
+    words = workload.replace("_", "_ ").split(" ")
+    lines = textwrap.wrap(" ".join(words) + f" ({format_size(size)})", width, break_on_hyphens=True)
+    # put back the underscores' own spaces: "a_ b" was one word cut after its underscore
+    return "\n".join(ln.replace("_ ", "_") for ln in lines)
 
 
 @styled
@@ -64,7 +81,7 @@ def stall_vs_ssds(run: Run, prof: Profile | None) -> Figure:
         ax.set_xticks(counts)
         ax.set_xlim(min(counts) - 0.3, max(counts) + 0.3)
         ax.set_xlabel("SSDs (targets)")
-        ax.set_title(f"{wl} ({format_size(int(size))})")
+        ax.set_title(panel_title(wl, int(size), ncols))
     for ax in flat[len(wls) :]:
         ax.set_visible(False)
     for row in axes:
