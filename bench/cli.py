@@ -189,6 +189,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_model(args: argparse.Namespace) -> int:
     from analysis import runs
     from analysis.model.calibrate import from_run
+    from analysis.model.planning import measured_restores
     from analysis.model.profiles import (
         THIS_MACHINE,
         is_filled_from_run,
@@ -199,10 +200,14 @@ def _cmd_model(args: argparse.Namespace) -> int:
     from analysis.model.render import feasibility_text, plan_json, plan_text
     from bench.common.sizes import parse_size
 
+    restores = None  # each path's measured restore of the run's checkpoint, for --mtbf
     if args.from_run:
         if not is_filled_from_run(args.profile):
             raise UserError(f"--from-run fills the {THIS_MACHINE} profile, not {args.profile!r}")
-        prof = from_run(runs.load(args.from_run))
+        run = runs.load(args.from_run)
+        prof = from_run(run)
+        if args.size is None and args.ssds is None:  # measured as the profile predicts
+            restores = measured_restores(run)
     else:
         prof = load_profile(args.profile)
     if args.size is not None:
@@ -219,14 +224,14 @@ def _cmd_model(args: argparse.Namespace) -> int:
         if args.json:
             import json
 
-            print(json.dumps(plan_json(prof, args.mtbf, args.restart), indent=2))
+            print(json.dumps(plan_json(prof, args.mtbf, args.restart, restores), indent=2))
             return 0
     if args.json:
         raise UserError("--json: prints the checkpoint plan; give --mtbf HOURS too")
     print(feasibility_text(prof))
     if args.mtbf is not None:
         print()
-        print(plan_text(prof, args.mtbf, args.restart))
+        print(plan_text(prof, args.mtbf, args.restart, restores))
     return 0
 
 
@@ -273,7 +278,9 @@ def _analysis_parsers(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="time to restart after a failure, for --mtbf (default 0)",
+        help="time to relaunch after a failure, for --mtbf (default 0); reading the "
+        "checkpoint back is added per path: its restore as measured (--from-run), else the "
+        "model's",
     )
     mp.add_argument("--json", action="store_true", help="with --mtbf: the plan as JSON")
     mp.set_defaults(fn=_cmd_model)

@@ -22,6 +22,8 @@ from analysis.model.predict import (
     break_even_ssds,
     predict,
     predict_all,
+    restore_break_even,
+    restore_gain,
     stall_ratio,
     traits_of,
 )
@@ -85,6 +87,38 @@ def test_formulas_by_hand_two_ssds_two_gpus() -> None:
     assert got["dcp"].stall_s == pytest.approx(10.0)
     assert got["dcp"].durable_s == pytest.approx(50.0)
     assert got["dcp"].host_bytes == pytest.approx(200 * GB)
+
+
+def test_restore_by_hand_two_ssds_two_gpus() -> None:
+    """r = 8 GB/s a SSD, h = 30 GB/s, g = 2 GPUs with 2 SSDs each: R(4) = 32, R_g = 16; the
+    host's share of its memory into each link h_g = min(30, C / g = 10) = 10 GB/s."""
+    p = prof(ssd_read_Bps=8 * GB, h2d_Bps=30 * GB)
+    got = {pr.engine: pr.restore_s for pr in predict_all(p, 2)}
+    assert got["gds"] == pytest.approx(100 / 16)  # S / min(R_g, h): its own link
+    assert got["cpu-single"] == pytest.approx(100 / 10)  # S / min(R_g, h_g)
+    assert got["cpu-double"] == pytest.approx(100 / 10)  # S / min(Q/g = 16, C/g = 10, h_g)
+    assert got["torch-save"] == pytest.approx(100 / 4)  # first SSD shared: R(1) / g = 4
+    assert got["dcp"] == pytest.approx(100 / 4)
+    # CPU-centric over GDS: 10 / 6.25 with 2 SSDs a GPU; equal with 1 (R_g = 8 < h_g)
+    assert restore_gain(p, [1, 2]) == pytest.approx([1.0, 1.6])
+    assert restore_break_even(p) == pytest.approx(10 / 8)
+    # no link (a host-emulated run: restores land in host memory): the read alone
+    emu = prof(ssd_read_Bps=8 * GB, h2d_Bps=None)
+    assert predict(emu, "cpu-single", 4).restore_s == pytest.approx(100 / 16)
+    assert restore_break_even(emu) == math.inf
+    # a measured read replaces the per-SSD figure; a measured one-reader buffered read is what
+    # a single-thread loader gets, the buffered read of all the targets what cpu-double gets
+    meas = prof(
+        ssd_read_Bps=8 * GB,
+        direct_read_by_n=((1, 3 * GB), (4, 12 * GB)),
+        buffered_read_by_n=((1, 2 * GB), (4, 6 * GB)),
+        buffered_read_single_by_n=((1, 1 * GB),),
+    )
+    assert predict(meas, "cpu-single", 4).restore_s == pytest.approx(100 / 6)  # 12 / g
+    assert predict(meas, "cpu-double", 4).restore_s == pytest.approx(100 / 3)  # 6 / g
+    assert predict(meas, "torch-save", 4).restore_s == pytest.approx(100 / 0.5)  # 1 / g
+    # without any read figure the restore is unknown, not a guess
+    assert math.isnan(predict(prof(), "cpu-single").restore_s)
 
 
 def test_one_gpu_alone_gets_the_whole_host() -> None:
@@ -205,6 +239,27 @@ def test_checkpoint_plan_is_young_daly_held_back_to_the_persist_time() -> None:
         plan(p, 0)
 
 
+def test_a_restart_reads_the_checkpoint_back_measured_else_modelled() -> None:
+    """The restart cost of each path: `restart_s` plus its restore, as measured where given,
+    else as the model predicts it (S / min(R(1), h_g) = 100 / min(8, 20) for cpu-single)."""
+    p = prof(gpus_sharing_host=1, ssd_read_Bps=8 * GB, h2d_Bps=30 * GB)
+    m = 10 * 3600
+    plans = {pl.engine: pl for pl in plan(p, m, restart_s=60, restores={"gds": 40.0})}
+    gds, cs = plans["gds"], plans["cpu-single"]
+    assert (gds.restore_s, gds.restore_from) == (40.0, "measured")
+    assert (cs.restore_s, cs.restore_from) == (pytest.approx(12.5), "model")
+    lag = cs.durable_s - cs.stall_s
+    assert cs.lost_fraction == pytest.approx(
+        cs.stall_s / (cs.interval_s + cs.stall_s) + (cs.interval_s / 2 + lag + 60 + 12.5) / m
+    )
+    assert gds.lost_fraction == pytest.approx(
+        gds.stall_s / (gds.interval_s + gds.stall_s) + (gds.interval_s / 2 + 60 + 40) / m
+    )
+    # no read figure and nothing measured: said, and counted as nothing
+    unknown = {pl.engine: pl for pl in plan(prof(gpus_sharing_host=1), m)}["cpu-single"]
+    assert (unknown.restore_s, unknown.restore_from) == (0.0, "unknown")
+
+
 @pytest.mark.parametrize(
     ("name", "b", "w", "n", "break_even"),
     # all 8 GPUs checkpoint at once: d = min(b, C / 8 = 100 / 8 = 12.5 GB/s); n* = d / w
@@ -223,6 +278,12 @@ def test_profiles_quote_the_reference_figures(
     assert p.ssd_write_Bps == pytest.approx(w * GB)
     assert p.ssds_per_gpu == n
     assert break_even_ssds(p) == break_even
+    # the restore's inputs: one SSD's sequential read and the host-to-device link
+    assert (p.ssd_read_Bps, p.h2d_Bps) == pytest.approx(
+        {"a100-gen4": (6.4 * GB, 25 * GB), "nd-h200-v5": (6.0 * GB, 35 * GB)}.get(
+            name, ((6.4 if "gen4" in name else 13) * GB, 35 * GB)
+        )
+    )
     assert set(p.sources) >= set(REQUIRED_INPUTS)
     for key, (kind, source) in p.sources.items():
         if key in HOST_KEYS:  # public figures of their own: test_host_figures_cite_their_source
@@ -256,6 +317,25 @@ def test_profile_errors(tmp_path: Path) -> None:
     neg.write_text(src.replace("value: 52.77", "value: -1"))
     with pytest.raises(UserError, match="d2h_GBps.value: must be positive"):
         load_profile(str(neg))
+
+
+def test_a_profile_without_read_figures_says_they_are_assumed(tmp_path: Path) -> None:
+    """No ssd_read_GBps or h2d_GBps: read = write, host-to-device = device-to-host, each
+    marked assumed in the inputs table."""
+    import yaml
+
+    d = yaml.safe_load((PROFILES_DIR / "dgx-h100-gen4.yaml").read_text())
+    del d["ssd_read_GBps"], d["h2d_GBps"]
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(d))
+    p = load_profile(str(path))
+    assert (p.ssd_read_Bps, p.h2d_Bps) == pytest.approx((3.8 * GB, 52.77 * GB))
+    assert p.assumed("ssd_read_GBps") and p.assumed("h2d_GBps")
+    rows = {r[0]: r for r in input_rows(p)}
+    assert rows["SSD read r"][1:3] == ("3.80 GB/s", "assumed")
+    assert "no read figure in the profile" in rows["SSD read r"][3]
+    assert rows["host-to-device h"][1:3] == ("52.77 GB/s", "assumed")
+    assert not load_profile("dgx-h100-gen4").assumed("ssd_read_GBps", "h2d_GBps")
 
 
 def test_from_run_calibrates_from_cpu_single_medians() -> None:

@@ -22,14 +22,17 @@ def lost_fraction(
     traits: dict[str, Any] | None = None,
     restart_s: float = 0.0,
     run: Run | None = None,
+    restores: dict[str, float] | None = None,
 ) -> Figure:
     """Expected fraction of training time lost to checkpoint stalls and rework against the mean
-    time between failures, per engine, each at its own best interval (`analysis.model.planning.plan`); with the
-    run the profile was calibrated from, its footer (run id, HOST-EMULATED when it was)."""
+    time between failures, per engine, each at its own best interval (`analysis.model.planning.plan`),
+    a restart costing `restart_s` plus the path's restore (`restores`: measured, else the
+    model's); with the run the profile was calibrated from, its footer (run id, HOST-EMULATED
+    when it was)."""
     fig, axes = new_figure(COL1, 2.7)
     ax = axes[0][0]
     hours = np.logspace(0, 3, 40)
-    plans = [plan(prof, h * 3600, restart_s, traits=traits) for h in hours]
+    plans = [plan(prof, h * 3600, restart_s, traits=traits, restores=restores) for h in hours]
     for i, e in enumerate(pl.engine for pl in plans[0]):
         ys = [100 * p[i].lost_fraction for p in plans]
         ax.plot(
@@ -52,9 +55,17 @@ def lost_fraction(
         fontsize=7,
     )
     ax.legend(fontsize=6)
+    where = {pl.restore_from for pl in plans[0]}
+    back = (
+        "each path's measured restore"
+        if where == {"measured"}
+        else "each path's restore as measured, else as modelled"
+        if "measured" in where
+        else "each path's modelled restore"
+    )
     how = (
         "Young/Daly interval with the stall as the checkpoint cost; a "
-        "background persist bounds the interval from below"
+        f"background persist bounds the interval from below; restart: {restart_s:g} s + {back}"
     )
     if run is not None:
         footer(fig, run, how + "; calibrated from this run")

@@ -42,6 +42,10 @@ class ProfileFile(BaseModel):
     d2h_GBps: Quoted | None = None
     gds_link_GBps: Quoted | None = None
     ssd_write_GBps: Quoted | None = None
+    # The restore's inputs: one SSD's sequential read and the GPU's host-to-device link. A
+    # profile without them reads as "assumed": read = write, host-to-device = device-to-host.
+    ssd_read_GBps: Quoted | None = None
+    h2d_GBps: Quoted | None = None
     ssds_per_gpu: Quoted | None = None
     gpus_sharing_host: Quoted | None = None
     gpus_per_host: Quoted | None = None  # default: gpus_sharing_host
@@ -96,6 +100,15 @@ class Profile:
     dram_Bps: float | None = None
     cpu_cost: tuple[tuple[str, float, float], ...] = ()
     cpu_cost_source: str = ""
+    # The restore: one SSD's read (None: not known, restores not modelled), the GPU's
+    # host-to-device link h (None: none, as on a host-emulated run whose restores land in host
+    # memory), and as measured on this machine R(n), Q(n) (O_DIRECT and buffered reads, cold
+    # cache) by target count, and Q1(n) with one reader.
+    ssd_read_Bps: float | None = None
+    h2d_Bps: float | None = None
+    direct_read_by_n: tuple[tuple[int, float], ...] = ()
+    buffered_read_by_n: tuple[tuple[int, float], ...] = ()
+    buffered_read_single_by_n: tuple[tuple[int, float], ...] = ()
     # dram_Bps is what the host was seen to move (a run's copy), not its bandwidth: a path
     # that needs less is affordable, one that needs more is not known to be unaffordable.
     dram_lower_bound: bool = False
@@ -132,6 +145,30 @@ class Profile:
         if single_writer and n in single:
             return single[n]
         return measured.get(n, self.storage_Bps(n))
+
+    def read_Bps(self, n: float) -> float | None:
+        """R(n): aggregate O_DIRECT read bandwidth of n SSDs from a cold cache (as measured
+        for n targets, when it was; no scaling when they share one device); None: unknown."""
+        measured: dict[float, float] = dict(self.direct_read_by_n)
+        if n in measured:
+            return measured[n]
+        if self.ssd_read_Bps is None:
+            return None
+        return self.ssd_read_Bps if self.shared_device else n * self.ssd_read_Bps
+
+    def page_cache_read_Bps(self, n: float, single_reader: bool = False) -> float | None:
+        """Q(n): the page-cache path's read of n SSDs from a cold cache (as measured, else
+        R(n)); Q1(n) for one reader when measured."""
+        measured: dict[float, float] = dict(self.buffered_read_by_n)
+        single: dict[float, float] = dict(self.buffered_read_single_by_n)
+        if single_reader and n in single:
+            return single[n]
+        return measured.get(n, self.read_Bps(n))
+
+    def assumed(self, *keys: str) -> bool:
+        """Whether any of these inputs is assumed rather than cited or measured."""
+        src = self.sources or {}
+        return any(src.get(k, ("assumed", ""))[0] == "assumed" for k in keys)
 
 
 def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
@@ -197,6 +234,7 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
     for key in ("host_cores", "dram_GBps"):
         if (h := getattr(pf, key)) is not None:
             sources[key] = (h.kind, h.source)
+    read, h2d = _restore_inputs(pf, path, sources)
     cost, cost_source = reference_cpu_cost(directory)
     return Profile(
         name=pf.name,
@@ -216,7 +254,31 @@ def load_profile(name: str, directory: Path = PROFILES_DIR) -> Profile:
         dram_Bps=None if pf.dram_GBps is None else _number(pf.dram_GBps, path, "dram_GBps") * GB,
         cpu_cost=cost,
         cpu_cost_source=cost_source,
+        ssd_read_Bps=read,
+        h2d_Bps=h2d,
     )
+
+
+def _restore_inputs(
+    pf: ProfileFile, path: str, sources: dict[str, tuple[str, str]]
+) -> tuple[float, float]:
+    """(one SSD's read, the host-to-device link) in B/s with their sources; a profile without
+    a cited figure takes the write figure for the read and the device-to-host link for the
+    host-to-device one, and says "assumed"."""
+    out = []
+    for key, fallback, why in (
+        ("ssd_read_GBps", "ssd_write_GBps", "no read figure in the profile: its SSD write"),
+        ("h2d_GBps", "d2h_GBps", "no host-to-device figure in the profile: its device-to-host"),
+    ):
+        q: Quoted | None = getattr(pf, key)
+        if q is not None:
+            sources[key] = (q.kind, q.source)
+            out.append(_number(q, path, key) * GB)
+            continue
+        base: Quoted = getattr(pf, fallback)
+        sources[key] = ("assumed", f"{why} figure, {base.value} GB/s")
+        out.append(_number(base, path, fallback) * GB)
+    return out[0], out[1]
 
 
 class CpuCostFile(BaseModel):

@@ -7,6 +7,7 @@ every other module of analysis.model but calibrate.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from analysis.model.host import HostNeed, host_needs
@@ -17,6 +18,8 @@ from analysis.model.predict import (
     break_even_ssds,
     predict,
     predict_all,
+    restore_break_even,
+    restore_gain,
     snapshot_Bps,
     stall_ratio,
 )
@@ -49,6 +52,8 @@ INPUT_LABELS = {
     "d2h_GBps": "device-to-host b",
     "gds_link_GBps": "GDS link L",
     "ssd_write_GBps": "SSD write w",
+    "ssd_read_GBps": "SSD read r",
+    "h2d_GBps": "host-to-device h",
     "ssds_per_gpu": "SSDs per GPU n",
     "gpus_sharing_host": "GPUs sharing host g",
     "gpus_per_host": "GPUs per host",
@@ -71,6 +76,8 @@ def input_rows(p: Profile) -> list[tuple[str, str, str, str]]:
         "d2h_GBps": f"{p.d2h_Bps / GB:.2f} GB/s",
         "gds_link_GBps": f"{p.link / GB:.2f} GB/s",
         "ssd_write_GBps": f"{p.ssd_write_Bps / GB:.2f} GB/s",
+        "ssd_read_GBps": "unknown" if p.ssd_read_Bps is None else f"{p.ssd_read_Bps / GB:.2f} GB/s",
+        "h2d_GBps": "none" if p.h2d_Bps is None else f"{p.h2d_Bps / GB:.2f} GB/s",
         "ssds_per_gpu": str(p.ssds_per_gpu),
         "gpus_sharing_host": str(p.gpus_sharing_host),
         "gpus_per_host": str(p.host_gpus),
@@ -85,6 +92,13 @@ def input_rows(p: Profile) -> list[tuple[str, str, str, str]]:
     for k, label in INPUT_LABELS.items():
         if k in ("host_cores", "dram_GBps") and k not in src:
             out.append((label, values[k], "unknown", "no cited figure in the profile"))
+            continue
+        if k == "ssd_read_GBps" and k not in src:
+            out.append((label, values[k], "unknown", "no read figure: restores not modelled"))
+            continue
+        if k == "h2d_GBps" and k not in src:
+            what = "no link: restores land in host memory" if p.h2d_Bps is None else ""
+            out.append((label, values[k], "derived" if what else "", what))
             continue
         if k == "gds_link_GBps" and k not in src:
             out.append((label, values[k], "derived", "= b (the GPU's own x16 link)"))
@@ -140,6 +154,25 @@ def describe_break_even(p: Profile, g: int | None = None) -> str:
     )
 
 
+def describe_restore_break_even(p: Profile, g: int | None = None) -> str:
+    """Whether GDS loads faster, and from how many SSDs per GPU (g GPUs at once)."""
+    g = g or p.gpus_sharing_host
+    n = restore_break_even(p, g)
+    if p.h2d_Bps is None:
+        return "restore: no host-to-device link on this run: GDS reads no faster than O_DIRECT"
+    h_g = min(p.h2d_Bps, p.host_copy_Bps / g) / GB
+    if math.isinf(n):
+        return (
+            f"restore: GDS never loads faster (the host's share h_g = {h_g:.2f} GB/s is the whole "
+            f"host-to-device link)"
+        )
+    return (
+        f"restore: GDS loads faster from {max(1, math.floor(n) + 1)} SSDs per GPU "
+        f"(n > h_g / r = {h_g:.2f} / {(p.ssd_read_Bps or 0) / GB:.2f} = {n:.2f}; "
+        f"h_g = min(h, C/g))"
+    )
+
+
 def feasibility_text(p: Profile) -> str:
     """What `ckptbench model PROFILE` prints."""
     lines = [f"profile {p.name}: {p.description}", ""]
@@ -166,9 +199,10 @@ def feasibility_text(p: Profile) -> str:
                 f"{pr.stall_s:.3g}",
                 f"{pr.durable_s:.3g}",
                 f"{fmt_bytes(pr.host_bytes)} ({pr.host_bytes / p.size_bytes:.0f} x S)",
+                "unknown" if math.isnan(pr.restore_s) else f"{pr.restore_s:.3g}",
             ]
         )
-    lines.append(text_table(["engine", "stall s", "durable s", "host memory"], rows))
+    lines.append(text_table(["engine", "stall s", "durable s", "host memory", "restore s"], rows))
     counts = ratio_counts(p)
     ratios = stall_ratio(p, counts)
     lines += ["", f"GDS stall / CPU-centric stall, by SSDs per GPU ({g} GPU(s) at once):"]
@@ -179,6 +213,20 @@ def feasibility_text(p: Profile) -> str:
         )
     )
     lines += ["", describe_break_even(p)]
+    if p.ssd_read_Bps is not None or p.direct_read_by_n:
+        gains = restore_gain(p, counts)
+        assumed = " (read figures assumed)" if p.assumed("ssd_read_GBps", "h2d_GBps") else ""
+        lines += [
+            "",
+            f"restore: CPU-centric / GDS restore time, by SSDs per GPU ({g} GPU(s) at once)"
+            f"{assumed}:",
+            text_table(
+                ["SSDs per GPU", *[str(c) for c in counts]],
+                [["gain", *[f"{r:.2f}" for r in gains]]],
+            ),
+            "",
+            describe_restore_break_even(p),
+        ]
     lines += ["", sharing_text(p)]
     lines += ["", host_text(p)]
     return "\n".join(lines)
@@ -263,15 +311,22 @@ def host_text(p: Profile) -> str:
     return head + "\n" + "\n".join("  " + ln for ln in table.splitlines()) + "\n" + src
 
 
-def plan_text(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> str:
+RESTORE_FROM = {"measured": "", "model": " (model)", "unknown": " (unknown: 0)"}
+
+
+def plan_text(
+    p: Profile, mtbf_h: float, restart_s: float = 0.0, restores: Mapping[str, float] | None = None
+) -> str:
+    """The checkpoint plan as a table; `restores`: each engine's measured restore (a run's)."""
     g = p.gpus_sharing_host
     rows = []
-    for pl in plan(p, mtbf_h * 3600, restart_s):
+    for pl in plan(p, mtbf_h * 3600, restart_s, restores=restores):
         rows.append(
             [
                 pl.engine,
                 f"{pl.stall_s:.3g}",
                 f"{pl.durable_s:.3g}",
+                f"{pl.restore_s:.3g}{RESTORE_FROM[pl.restore_from]}",
                 f"{pl.interval_s / 60:.3g}" + (" (persist)" if pl.limited_by_persist else ""),
                 f"{100 * pl.lost_fraction:.2f}",
                 fmt_bytes(pl.host_bytes),
@@ -279,20 +334,34 @@ def plan_text(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> str:
         )
     head = (
         f"checkpoint interval for an MTBF of {mtbf_h:g} h ({g} GPU(s) at once, "
-        f"{fmt_bytes(p.size_bytes)} each, restart {restart_s:g} s): Young/Daly with the "
-        "stall as the cost; '(persist)': held back to the time to persist"
+        f"{fmt_bytes(p.size_bytes)} each, restart {restart_s:g} s + the path's restore): "
+        "Young/Daly with the stall as the cost; restore s: measured in the run"
+        + ("" if restores else " (none here)")
+        + ", '(model)' the model's; '(persist)': held back to the time to persist"
     )
     return (
         head
         + "\n"
         + text_table(
-            ["engine", "stall s", "durable s", "interval min", "lost %", "host memory"], rows
+            [
+                "engine",
+                "stall s",
+                "durable s",
+                "restore s",
+                "interval min",
+                "lost %",
+                "host memory",
+            ],
+            rows,
         )
     )
 
 
-def plan_json(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> dict[str, Any]:
-    """The plan as JSON; each engine also says what checkpointing every GPU at the SSDs'
+def plan_json(
+    p: Profile, mtbf_h: float, restart_s: float = 0.0, restores: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """The plan as JSON (`restore_s` each engine's restart read, `restore_from` measured or
+    model: `restores` are a run's measured ones); each engine also says what checkpointing every GPU at the SSDs'
     rate costs the host (`host_need`): `host_cores` and `dram_GBps` needed (null: unknown),
     beside the host's own (`host`)."""
     needs = {n.engine: n for n in host_needs(p)}
@@ -320,9 +389,11 @@ def plan_json(p: Profile, mtbf_h: float, restart_s: float = 0.0) -> dict[str, An
                 "durable_s": pl.durable_s,
                 "host_bytes": pl.host_bytes,
                 "limited_by_persist": pl.limited_by_persist,
+                "restore_s": pl.restore_s,
+                "restore_from": pl.restore_from,
                 **_need_json(needs[pl.engine]),
             }
-            for pl in plan(p, mtbf_h * 3600, restart_s)
+            for pl in plan(p, mtbf_h * 3600, restart_s, restores=restores)
         },
     }
 

@@ -28,6 +28,7 @@ from analysis.figures.stall import stall_vs_ssds
 from analysis.figures.timeline import timeline
 from analysis.figures.training import training_stall
 from analysis.model.calibrate import from_run
+from analysis.model.planning import measured_restores
 from analysis.model.profiles import PROFILES_DIR, Profile, load_profiles
 from analysis.report.answer import gds_section
 from analysis.report.captions import CAPTIONS, FIGURES
@@ -100,7 +101,10 @@ def build(
     made["host_cpu"] = host_cpu(run)
     if this is not None:
         made["lost_fraction"] = lost_fraction(
-            this, {e: t for e in run.engines if (t := run.traits(e)) is not None}, run=run
+            this,
+            {e: t for e in run.engines if (t := run.traits(e)) is not None},
+            run=run,
+            restores=measured_restores(run),
         )
     paths: list[str] = []
     for stem, fig in made.items():

@@ -31,6 +31,8 @@ CAPTIONS = {
     "lost_fraction": "Figure 8. What checkpointing costs training on this machine: the expected "
     "fraction of training time lost (stalls plus rework after a failure) against the mean time "
     "between failures, each engine at its best interval (Young/Daly with its stall as the cost; "
+    "a failure costs the work since the last durable checkpoint and the path's restore as this "
+    "run measured it, at the largest checkpoint and fewest SSDs; "
     "`ckptbench model PROFILE --mtbf HOURS`).",
     "contention": "Figure 7. Many ranks at once (a multi-rank run): (a) the stall of the slowest "
     "rank and (b) the aggregate write bandwidth (every rank's bytes / the slowest rank's total_s) "
