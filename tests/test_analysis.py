@@ -450,6 +450,27 @@ def test_feasibility_figure(run: runs.Run) -> None:
     assert sorted(t.get_text() for t in ax.texts) == ["2", "4", "4", "4"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "today's 8-GPU servers: ~1 data SSD per GPU" in legend
+    # (b) loading: CPU-centric restore / GDS restore from the profiles' read figures
+    bx = fig.get_axes()[1]
+    assert bx.get_ylabel() == "CPU-centric restore / GDS restore"
+    rl = labelled(bx)
+    assert [ln.get_label() for ln in rl] == [
+        "a100-gen4 (read figures assumed)",  # its h2d: a measured figure of unstated direction
+        "dgx-h100-gen4",
+        "dgx-h100-gen5",
+        "nd-h200-v5",
+        "this-machine: no read figure, not modelled",  # a run without read ceilings
+    ]
+    # dgx-h100-gen4, 8 GPUs at once: h_g = min(35, 100 / 8) = 12.5 GB/s, r = 6.4 GB/s a SSD;
+    # n = 1: min(6.4, 35) / min(6.4, 12.5) = 1; n = 2: 12.8 / 12.5; n = 4: min(25.6, 35) / 12.5
+    assert list(rl[1].get_ydata()[[0, 1, 3]]) == pytest.approx([1.0, 12.8 / 12.5, 25.6 / 12.5])
+    # n >= 6: min(6 x 6.4, 35) / 12.5 = 2.8; dgx-h100-gen5 (r = 13) from n = 1: 13 / 12.5
+    assert rl[1].get_ydata()[-1] == pytest.approx(35 / 12.5)
+    assert rl[2].get_ydata()[0] == pytest.approx(13 / 12.5)
+    assert np.isnan(rl[4].get_ydata()).all()
+    # dots where GDS starts to load faster: n = h_g / r (12.5 / 6.4, 12.5 / 13, 12.5 / 6)
+    dots = sorted(ln.get_xdata()[0] for ln in bx.get_lines() if ln.get_marker() == "o")
+    assert dots == pytest.approx(sorted([12.5 / 13, 12.5 / 6.4, 12.5 / 6.4, 12.5 / 6.0]))
 
 
 def test_lost_fraction_figure_of_a_run_says_it_is_emulated(run: runs.Run) -> None:

@@ -16,9 +16,11 @@ CAPTIONS = {
     "host_memory": "Figure 3. Host memory per engine as multiples of the checkpoint size S: "
     "pinned staging and the page-cache peak (growth of Cached during the save), with the model's "
     "estimate.",
-    "feasibility": "Figure 4. Feasibility: GDS stall / CPU-centric stall against SSDs per GPU for "
-    "each hardware profile (model), with the break-even SSD count and today's ~1 data SSD per GPU. "
-    "This figure answers 'is GDS worth it'.",
+    "feasibility": "Figure 4. Feasibility: (a) GDS stall / CPU-centric stall against SSDs per GPU "
+    "for each hardware profile (model), with the break-even SSD count and today's ~1 data SSD per "
+    "GPU; (b) the same for loading a checkpoint: CPU-centric restore time / GDS restore time, "
+    "from each profile's SSD read and host-to-device figures (cited; 'assumed' where the profile "
+    "has none), a dot where GDS starts to load faster. This figure answers 'is GDS worth it'.",
     "timeline": "Figure 5. One checkpoint per engine on a time axis: the stall (training waits) "
     "and the background persist phase, with checksum time inside persist (its position "
     "indicative); from the median repetition.",
