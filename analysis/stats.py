@@ -17,7 +17,8 @@ import pandas as pd
 from scipy import stats as sps
 
 from analysis.runs import Run, order_engines
-from bench.measure.efficiency import BEATEN
+from bench.common.traits import Traits
+from bench.measure.efficiency import BEATEN, best_ceilings
 
 CASE = ["workload", "n_targets", "engine"]
 
@@ -56,7 +57,14 @@ def summary_table(run: Run) -> pd.DataFrame:
     """One row per case: medians, IQRs, n, the cost per tensor (median stall and persist over the
     state's tensors, us), host memory, speed-up over torch-save and, when the run has device
     ceilings, efficiency. Numbers are not rounded here."""
-    ok = run.ok
+    ok = run.ok.assign(
+        # the page cache a restore left behind: NaN for runs made before it was recorded
+        _cached=pd.to_numeric(
+            run.ok.get("restore_cached_bytes", pd.Series(np.nan, index=run.ok.index)),
+            errors="coerce",
+        ),
+        _restore_eff=run.ok.get("restore_eff", pd.Series(np.nan, index=run.ok.index)),
+    )
     g = ok.groupby(CASE, sort=False)
     out = g.agg(
         mode=("tag", lambda s: "/".join(sorted(set(s) - {""}))),
@@ -73,14 +81,23 @@ def summary_table(run: Run) -> pd.DataFrame:
         stall_us_per_tensor=("stall_us_per_tensor", "median"),
         persist_us_per_tensor=("persist_us_per_tensor", "median"),
         restore_GBps=("restore_GBps", "median"),
+        restore_q25=("restore_GBps", lambda s: s.quantile(0.25)),
+        restore_q75=("restore_GBps", lambda s: s.quantile(0.75)),
+        restore_s=("restore_s", "median"),
+        restore_cached_bytes=("_cached", "median"),
+        restore_eff=("_restore_eff", "median"),
         pinned_x=("pinned_x", "median"),
         page_cache_x=("page_cache_x", "median"),
         write_eff=("write_eff", "median"),
         snapshot_eff=("snapshot_eff", "median"),
         beaten_rows=("write_eff", lambda s: 0),
     ).reset_index()
-    # rows above the ceiling (either efficiency), per case
-    over = ok.assign(_b=(ok["write_eff"] > BEATEN) | (ok["snapshot_eff"] > BEATEN))
+    # rows above the ceiling (any efficiency), per case
+    over = ok.assign(
+        _b=(ok["write_eff"] > BEATEN)
+        | (ok["snapshot_eff"] > BEATEN)
+        | (ok["_restore_eff"] > BEATEN)
+    )
     out["beaten_rows"] = over.groupby(CASE, sort=False)["_b"].sum().to_numpy()
     out["write_iqr"] = out["write_q75"] - out["write_q25"]
     out["stall_iqr"] = out["stall_q75"] - out["stall_q25"]
@@ -99,7 +116,21 @@ def summary_table(run: Run) -> pd.DataFrame:
     out["best_baseline_total"] = out["workload"].map(b["total_s"].min())
     out["x_best_baseline_stall"] = out["best_baseline_stall"] / out["stall_s"]
     out["x_best_baseline_durable"] = out["best_baseline_total"] / out["total_s"]
+    # The same for restores: the shortest baseline restore of the workload over this one's.
+    out["best_baseline_restore"] = out["workload"].map(b["restore_s"].min())
+    out["x_best_baseline_restore"] = out["best_baseline_restore"] / out["restore_s"]
     return ordered(out).reset_index(drop=True)
+
+
+def read_ceiling_Bps(env: dict[str, Any], traits: Traits | None, n_targets: int) -> float | None:
+    """The read ceiling (B/s) a restore of an engine with `traits` over `n_targets` targets is
+    judged against (the run's best: bench.measure.efficiency): the O_DIRECT read, or the
+    buffered read of a cold file for a page-cache path, of the targets it read (one unless it
+    stripes); None where the run did not measure it."""
+    c = best_ceilings(env)
+    if c is None or traits is None:
+        return None
+    return c.bound("restore", traits, n_targets if traits.stripes else 1)
 
 
 def fmt_eff(x: float) -> str:

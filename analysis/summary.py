@@ -32,6 +32,7 @@ COLUMNS = {  # summary_table column -> terminal header
     "snapshot_eff": "snapshot_eff",
     "x_best_baseline_stall": "x_base_stall",
     "x_best_baseline_durable": "x_base_durable",
+    "x_best_baseline_restore": "x_base_restore",
 }
 
 
@@ -52,6 +53,7 @@ def table(run: runs.Run) -> pd.DataFrame:
             "pinned_x": 2,
             "x_base_stall": 2,
             "x_base_durable": 2,
+            "x_base_restore": 2,
         }
     )
     if t["write_eff"].notna().any():

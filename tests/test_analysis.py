@@ -17,10 +17,11 @@ from analysis.figures.bandwidth import bandwidth_vs_tensor_size
 from analysis.figures.feasibility import feasibility
 from analysis.figures.host import host_memory
 from analysis.figures.planning import lost_fraction
+from analysis.figures.restore import restore_figure
 from analysis.figures.stall import stall_vs_ssds
 from analysis.figures.timeline import timeline
 from analysis.model.calibrate import from_run
-from analysis.model.planning import plan
+from analysis.model.planning import measured_restores, plan
 from analysis.model.predict import stall_ratio
 from analysis.model.profiles import load_profile, load_profiles
 from analysis.report.build import Report, build
@@ -28,6 +29,7 @@ from analysis.report.captions import FIGURES
 from analysis.report.caveats import warnings_for
 from analysis.report.doc import Doc
 from analysis.report.model import MODEL_CSV, model_errors, model_frame, model_vs_measured
+from analysis.report.restore import restore_rows
 from bench.cli import main
 from bench.common.errors import UserError
 from bench.measure.ceilings import BUFFERED_WRITE, COPY, DIRECT_WRITE, RunCeilings
@@ -485,6 +487,73 @@ def test_lost_fraction_figure_of_a_run_says_it_is_emulated(run: runs.Run) -> Non
     assert fig.get_supxlabel() != lost_fraction(this).get_supxlabel()
 
 
+def test_restore_figure(run: runs.Run) -> None:
+    fig = restore_figure(run)
+    ax, bx = fig.get_axes()
+    assert ax.get_ylabel() == bx.get_ylabel() == "restore bandwidth (GB/s)"
+    assert ax.get_xlabel() == "tensor size (log scale)" and bx.get_xlabel() == "SSDs (targets)"
+    for a in (ax, bx):
+        assert [ln.get_label() for ln in labelled(a)] == [f"{e} [emulated]" for e in ENGINES]
+    # (a) cpu-single at 256 MiB tensors: S / its median restore_s (0.644652, 0.682635, 0.881378)
+    assert labelled(ax)[1].get_ydata()[1] == pytest.approx(S / 0.682635 / 1e9, rel=1e-5)
+    # (b) the workload of the largest tensors, across SSD counts: gds at 1 and 2 targets,
+    # torch-save at its one (median restore 1.386694 of 1.386694, 0.536673, 1.430686)
+    assert bx.get_title() == "(b) synthetic-1GiB-256MiB (1GiB)"
+    assert list(labelled(bx)[0].get_xdata()) == [1, 2]
+    assert labelled(bx)[3].get_ydata()[0] == pytest.approx(S / 1.386694 / 1e9, rel=1e-5)
+    # no read ceilings in this run: no dashed ceiling, and the footer says so
+    assert not [ln for a in (ax, bx) for ln in a.get_lines() if ln.get_gid() == "ceiling"]
+    assert "this run measured no read ceilings" in fig.get_supxlabel()
+
+
+def test_restore_rows_best_baseline_and_cache_left(run: runs.Run) -> None:
+    table = stats.summary_table(run)
+    headers, rows = restore_rows(run, table)
+    assert headers[5:] == [
+        "restore s",
+        "restore GB/s",
+        "IQR",
+        "read ceiling GB/s",
+        "restore eff",
+        "x best baseline restore",
+        "page cache left xS",
+    ]
+    at = {(r[0], r[1], r[2]): r for r in rows}
+    # synthetic-1GiB-256MiB: the baselines' median restores, torch-save 1.386694 and dcp
+    # 2.335415: the best is torch-save's; gds's median 0.494077, cpu-single's 0.682635
+    gds = at[("synthetic-1GiB-256MiB", "1", "gds")]
+    assert gds[5] == "0.494"
+    assert gds[10] == stats.fmt(1.386694 / 0.494077)  # 2.81
+    assert at[("synthetic-1GiB-256MiB", "1", "cpu-single")][10] == stats.fmt(1.386694 / 0.682635)
+    assert at[("synthetic-1GiB-256MiB", "1", "torch-save")][10] == "1"
+    assert at[("synthetic-1GiB-256MiB", "1", "dcp")][10] == stats.fmt(1.386694 / 2.335415)
+    # a run before restore_cached_bytes: n/a; no read ceilings: no ceiling, no efficiency
+    assert {r[11] for r in rows} == {"n/a"} and {(r[8], r[9]) for r in rows} == {("-", "-")}
+    # with the column: the median left behind over S (cpu-double's rows half the checkpoint)
+    ok = run.ok.assign(restore_cached_bytes=0)
+    ok.loc[ok["engine"] == "cpu-double", "restore_cached_bytes"] = S // 2
+    cached = dataclasses.replace(run, ok=ok)
+    _, rows = restore_rows(cached, stats.summary_table(cached))
+    assert {r[11] for r in rows if r[2] == "cpu-double"} == {"0.50"}
+    assert {r[11] for r in rows if r[2] != "cpu-double"} == {"0.00"}
+
+
+def test_the_lost_time_plan_restarts_with_the_measured_restore(run: runs.Run) -> None:
+    """Each path's restart reads the checkpoint back as the run measured it: the median
+    restore_s of its rows of the largest checkpoint at the fewest targets (both workloads)."""
+    got = measured_restores(run)
+    # gds at 1 target: 0.373774, 0.406707, 0.494077, 0.512507, 0.693401, 1.022328
+    assert got["gds"] == pytest.approx((0.494077 + 0.512507) / 2)
+    # torch-save: 0.536673, 0.616327, 0.815432, 1.386694, 1.430686, 3.898793
+    assert got["torch-save"] == pytest.approx((0.815432 + 1.386694) / 2)
+    this = from_run(run)
+    plans = {pl.engine: pl for pl in plan(this, 3600, restores=got)}
+    assert plans["gds"].restore_s == pytest.approx(got["gds"])
+    assert {pl.restore_from for pl in plans.values()} == {"measured"}
+    fig = lost_fraction(this, run=run, restores=got)
+    assert "restart: 0 s + each path's measured restore" in fig.get_supxlabel().replace("\n", " ")
+
+
 def test_timeline_figure(run: runs.Run) -> None:
     fig = timeline(run)
     ax = fig.get_axes()[0]
@@ -597,8 +666,9 @@ def test_report_writes_every_file(built: Report) -> None:
         assert (out / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
     for name in ("summary.csv", "report.md", "report.html"):
         assert (out / name).is_file()
-    # model_vs_measured.csv, Figure 8 (lost fraction), Figure 9 (host CPU) and host_cost.csv
-    assert len(built.paths) == 19
+    # model_vs_measured.csv, Figure 8 (lost fraction), Figure 9 (host CPU), Figure 12
+    # (restore) and host_cost.csv
+    assert len(built.paths) == 21
     assert built.seconds < 30
 
 
@@ -626,6 +696,10 @@ def test_report_md_content(built: Report) -> None:
         assert f"({stem}.png)" in md
     assert "| gds (from device) | W_g | S / min(L, r) | = stall | 0 |" in md
     assert "### Model against measurement" in md
+    assert "## Restores" in md and "(restore.png)" in md
+    assert "This run measured no read ceilings: no ceiling or efficiency." in md
+    assert "| synthetic-1GiB-256MiB | 1 | gds | EMULATED | 3 | 0.494 | 2.17 |" in md
+    assert "Restores are not modelled: the run measured no read ceilings." in md
     assert "| target 0 | scratch/bench/target-0: ext4 on /dev/vda" in md
     html = (Path(built.outdir) / "report.html").read_text()
     assert "<table>" in html and '<img src="feasibility.png"' in html
@@ -652,6 +726,8 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
         "stall_measured_s",
         "durable_model_s",
         "durable_measured_s",
+        "restore_model_s",
+        "restore_measured_s",
     ]
     headers, rows = model_vs_measured(frame)
     assert headers[4:7] == ["stall s: model", "measured", "error %"]
@@ -679,10 +755,12 @@ def test_model_vs_measured_rows(run: runs.Run) -> None:
 def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(DEFAULT), "-o", str(tmp_path), "--figures-only"]) == 0
     out = capsys.readouterr().out
-    assert "wrote 14 files" in out  # the five figures, Figures 8 and 9, PNG and PDF
+    assert "wrote 16 files" in out  # the five figures, Figures 8, 9 and 12, PNG and PDF
     assert "note: HOST-EMULATED run" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{s}.{e}" for s in (*FIGURES, "lost_fraction", "host_cpu") for e in ("png", "pdf")
+        f"{s}.{e}"
+        for s in (*FIGURES, "lost_fraction", "host_cpu", "restore")
+        for e in ("png", "pdf")
     )
     assert main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
@@ -705,7 +783,7 @@ LAYERS = [
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],
     ["report.host", "report.caveats", "report.summary", "report.model", "report.environment"]
-    + ["report.training", "report.contention", "report.scaling"],
+    + ["report.training", "report.contention", "report.scaling", "report.restore"],
     ["report.answer", "compare"],
     ["report.build"],
 ]

@@ -23,6 +23,7 @@ from analysis.figures.contention import contention as contention_figure
 from analysis.figures.feasibility import feasibility
 from analysis.figures.host import host_cpu, host_memory
 from analysis.figures.planning import lost_fraction
+from analysis.figures.restore import restore_figure
 from analysis.figures.scaling import memory_figure, times_figure
 from analysis.figures.stall import stall_vs_ssds
 from analysis.figures.timeline import timeline
@@ -38,6 +39,7 @@ from analysis.report.doc import Doc, write_doc
 from analysis.report.environment import env_rows, training_env_rows
 from analysis.report.host import host_section
 from analysis.report.model import MODEL_CSV, model_frame, model_section
+from analysis.report.restore import restore_section
 from analysis.report.scaling import scaling_section
 from analysis.report.summary import summary_section
 from analysis.report.training import training_section
@@ -90,6 +92,7 @@ def build(
         "host_memory": host_memory(run),
         "feasibility": feasibility(profiles, run),
         "timeline": timeline(run),
+        "restore": restore_figure(run),
     }
     if tr is not None:
         made["training_stall"] = training_stall(tr)
@@ -156,6 +159,7 @@ def document(
 
     gds_section(d, run, this, profiles)
     summary_section(d, table)
+    restore_section(d, run, table)
     host_section(d, run, profiles)
     figures_section(d, this, tr)
     if contention.present(run):

@@ -4,6 +4,8 @@ model against the measurement (model_vs_measured.csv) and the hardware profiles.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from analysis import stats
@@ -16,8 +18,9 @@ from analysis.runs import Run
 
 
 def model_frame(run: Run, this: Profile) -> pd.DataFrame:
-    """Predicted vs measured median stall and time to durability for every measured case (the
-    columns of model_vs_measured.csv)."""
+    """Predicted vs measured median stall, time to durability and restore for every measured
+    case (the columns of model_vs_measured.csv; the restore's model NaN where the run measured
+    no read ceilings)."""
     table = stats.summary_table(run)
     rows = []
     for _, r in table.iterrows():
@@ -37,6 +40,8 @@ def model_frame(run: Run, this: Profile) -> pd.DataFrame:
                 "stall_measured_s": r["stall_s"],
                 "durable_model_s": pr.durable_s,
                 "durable_measured_s": r["total_s"],
+                "restore_model_s": pr.restore_s,
+                "restore_measured_s": r["restore_s"],
             }
         )
     return pd.DataFrame(rows, columns=[*MODEL_CSV[:3], "mode", *MODEL_CSV[3:]])
@@ -50,6 +55,8 @@ MODEL_CSV = [
     "stall_measured_s",
     "durable_model_s",
     "durable_measured_s",
+    "restore_model_s",
+    "restore_measured_s",
 ]
 
 
@@ -66,11 +73,15 @@ def model_vs_measured(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "durable s: model",
         "measured",
         "error %",
+        "restore s: model",
+        "measured",
+        "error %",
     ]
     rows = []
     for _, r in frame.iterrows():
         e1 = 100 * (r["stall_model_s"] / r["stall_measured_s"] - 1)
         e2 = 100 * (r["durable_model_s"] / r["durable_measured_s"] - 1)
+        e3 = 100 * (r["restore_model_s"] / r["restore_measured_s"] - 1)
         rows.append(
             [
                 r["workload"],
@@ -83,18 +94,23 @@ def model_vs_measured(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 stats.fmt(r["durable_model_s"]),
                 stats.fmt(r["durable_measured_s"]),
                 f"{e2:+.0f}",
+                stats.fmt(r["restore_model_s"]),
+                stats.fmt(r["restore_measured_s"]),
+                f"{e3:+.0f}" if math.isfinite(e3) else "-",
             ]
         )
     return headers, rows
 
 
 def model_errors(frame: pd.DataFrame) -> pd.DataFrame:
-    """Median absolute error per engine, stall and time to durability (fractions)."""
+    """Median absolute error per engine, stall, time to durability and restore (fractions; the
+    restore's NaN where it was not modelled)."""
     f = frame.assign(
         stall_err=(frame["stall_model_s"] / frame["stall_measured_s"] - 1).abs(),
         durable_err=(frame["durable_model_s"] / frame["durable_measured_s"] - 1).abs(),
+        restore_err=(frame["restore_model_s"] / frame["restore_measured_s"] - 1).abs(),
     )
-    return f.groupby("engine", sort=False)[["stall_err", "durable_err"]].median()
+    return f.groupby("engine", sort=False)[["stall_err", "durable_err", "restore_err"]].median()
 
 
 def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
@@ -109,8 +125,9 @@ def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
         for what, col, eff in (
             ("stall", "stall", "snapshot_eff"),
             ("time to durability", "durable", "write_eff"),
+            ("restore", "restore", "restore_eff"),
         ):
-            if r[f"{col}_err"] <= 0.2:
+            if not r[f"{col}_err"] > 0.2:  # within 20 %, or not modelled (NaN)
                 continue
             under = (sub[f"{col}_model_s"] < sub[f"{col}_measured_s"]).mean() > 0.5
             why = []
@@ -124,8 +141,12 @@ def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
                     why.append(
                         f"{multi[eff].median():.2f} over several targets that share one device"
                     )
+            elif eff == "restore_eff" and med == med:
+                why.append(f"it read at {med:.2f} of its read ceiling")
             if what == "stall" and not why:
                 why.append("its stall includes its library's own work, which no ceiling measures")
+            if what == "restore" and not why:
+                why.append("no read ceiling judged its restores")
             out.append(
                 f"{e}: the model {'under' if under else 'over'}estimates the {what} by "
                 f"{100 * r[f'{col}_err']:.0f} % ({'; '.join(why)})"
@@ -155,9 +176,19 @@ def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile
             "rows); model_vs_measured.csv has the numbers. Median absolute error per engine: "
             + "; ".join(
                 f"{e} stall {100 * r['stall_err']:.0f} %, durable {100 * r['durable_err']:.0f} %"
+                + (
+                    f", restore {100 * r['restore_err']:.0f} %"
+                    if math.isfinite(r["restore_err"])
+                    else ""
+                )
                 for e, r in errs.iterrows()
             )
             + "."
+            + (
+                ""
+                if frame["restore_model_s"].notna().any()
+                else " Restores are not modelled: the run measured no read ceilings."
+            )
         )
         misses = model_misses(frame, run)
         d.p(
