@@ -554,6 +554,111 @@ def test_the_lost_time_plan_restarts_with_the_measured_restore(run: runs.Run) ->
     assert "restart: 0 s + each path's measured restore" in fig.get_supxlabel().replace("\n", " ")
 
 
+# Read ceilings planted in a copy of the fixture (the run predates them), as env.json keeps them:
+# before the sweep only, host-emulated (no host-to-device link). B/s.
+R1, R2 = 2.5e9, 3.0e9  # O_DIRECT read of 1 and 2 targets
+Q1_ONE, Q1, Q2 = 1.0e9, 1.5e9, 2.5e9  # buffered read: one reader, 1 target (2 readers), 2
+COPY_BPS = 5.0e9
+
+
+@pytest.fixture(scope="module")
+def read_run(tmp_path_factory: pytest.TempPathFactory) -> runs.Run:
+    from bench.measure.ceilings import (
+        BUFFERED_READ,
+        DIRECT_READ,
+        Ceilings,
+        Count,
+        Measured,
+        Tried,
+        Writers,
+    )
+
+    out = tmp_path_factory.mktemp("read-run") / DEFAULT.name
+    shutil.copytree(DEFAULT, out)
+    buffered_1 = Measured(Q1, (Q1,), Writers(2), (Tried(Writers(1), Q1_ONE), Tried(Writers(2), Q1)))
+    before = Ceilings(
+        {
+            1: Count(
+                S,
+                {
+                    DIRECT_WRITE: Measured(1.0e9, (1.0e9,)),
+                    BUFFERED_WRITE: Measured(0.8e9, (0.8e9,)),
+                    DIRECT_READ: Measured(R1, (R1,)),
+                    BUFFERED_READ: buffered_1,
+                },
+            ),
+            2: Count(
+                S // 2,
+                {
+                    DIRECT_WRITE: Measured(1.2e9, (1.2e9,)),
+                    BUFFERED_WRITE: Measured(0.9e9, (0.9e9,)),
+                    DIRECT_READ: Measured(R2, (R2,)),
+                    BUFFERED_READ: Measured(Q2, (Q2,), Writers(2)),
+                },
+            ),
+        },
+        {COPY: Measured(COPY_BPS, (COPY_BPS,))},
+    )
+    env = json.loads((out / "env.json").read_text())
+    env["ceilings"] = before.to_json()
+    (out / "env.json").write_text(json.dumps(env))
+    return runs.load(str(out))
+
+
+def test_the_model_predicts_restores_from_the_read_ceilings(read_run: runs.Run) -> None:
+    this = from_run(read_run)
+    assert this.h2d_Bps is None  # host-emulated: restores land in host memory
+    frame = model_frame(read_run, this).set_index(["workload", "n_targets", "engine"])
+    wl = "synthetic-1GiB-256MiB"
+    # O_DIRECT paths: S / R(n), no link to bound them
+    assert frame.loc[(wl, 1, "gds"), "restore_model_s"] == pytest.approx(S / R1)
+    assert frame.loc[(wl, 2, "cpu-single"), "restore_model_s"] == pytest.approx(S / R2)
+    # cpu-double: S / min(Q(n), C)
+    assert frame.loc[(wl, 2, "cpu-double"), "restore_model_s"] == pytest.approx(S / Q2)
+    # torch-save and dcp read their one file with one thread: Q1 from the search's one reader
+    assert frame.loc[(wl, 1, "torch-save"), "restore_model_s"] == pytest.approx(S / Q1_ONE)
+    assert frame.loc[(wl, 1, "dcp"), "restore_model_s"] == pytest.approx(S / Q1_ONE)
+    # measured: gds's median restore_s of that case (0.373774, 0.494077, 0.693401)
+    assert frame.loc[(wl, 1, "gds"), "restore_measured_s"] == pytest.approx(0.494077)
+    headers, rows = model_vs_measured(frame.reset_index())
+    assert headers[10:] == ["restore s: model", "measured", "error %"]
+    gds = next(r for r in rows if r[:3] == [wl, "1", "gds"])
+    assert gds[10:] == [
+        stats.fmt(S / R1),
+        stats.fmt(0.494077),
+        f"{100 * (S / R1 / 0.494077 - 1):+.0f}",  # -13
+    ]
+    errs = model_errors(frame.reset_index())
+    assert errs["restore_err"].notna().all()
+    # the restore's yardstick: restore GB/s over the read ceiling of its kind and targets
+    eff = read_run.ok.set_index(["workload", "n_targets", "engine", "rep"])["restore_eff"]
+    assert eff[(wl, 1, "gds", 1)] == pytest.approx(S / 0.494077 / R1, abs=1e-4)
+    assert eff[(wl, 1, "torch-save", 0)] == pytest.approx(S / 1.386694 / Q1, abs=1e-4)
+
+
+def test_restore_figure_and_rows_draw_the_read_ceilings(read_run: runs.Run) -> None:
+    fig = restore_figure(read_run)
+    ax, bx = fig.get_axes()
+    ceilings = {a: [ln for ln in a.get_lines() if ln.get_gid() == "ceiling"] for a in (ax, bx)}
+    # (a) at one target: O_DIRECT 2.5 GB/s (gds, cpu-single), buffered 1.5 GB/s (the rest)
+    assert [list(ln.get_ydata()) for ln in ceilings[ax]] == [
+        [R1 / 1e9] * 2,
+        [R1 / 1e9] * 2,
+        [Q1 / 1e9] * 2,
+        [Q1 / 1e9] * 2,
+        [Q1 / 1e9] * 2,
+    ]
+    assert all(ln.get_linestyle() == "--" for ln in ceilings[ax])
+    # (b) against SSDs: gds's at 1 and 2 targets, R(1) and R(2)
+    assert list(ceilings[bx][0].get_ydata()) == [R1 / 1e9, R2 / 1e9]
+    assert "read ceiling (same colour)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    _, rows = restore_rows(read_run, stats.summary_table(read_run))
+    gds = next(r for r in rows if r[:3] == ["synthetic-1GiB-256MiB", "1", "gds"])
+    assert gds[8:10] == ["2.50", f"{S / 0.494077 / R1:.2f}"]
+    cd = next(r for r in rows if r[:3] == ["synthetic-1GiB-256MiB", "2", "cpu-double"])
+    assert cd[8] == "2.50"  # Q(2)
+
+
 def test_timeline_figure(run: runs.Run) -> None:
     fig = timeline(run)
     ax = fig.get_axes()[0]
@@ -685,6 +790,11 @@ def test_report_md_content(built: Report) -> None:
     assert "Figure 4 (feasibility) answers the question" in md
     assert "| dgx-h100-gen4 | 52.77 | 3.80 | 1 | 3.29 | 4 (3.29) |" in md
     assert "| this-machine | 8.61 | 3.02 | 1 | 2.85 | never (one shared device) |" in md
+    # the restore columns: dgx-h100-gen4 reads 6.4 GB/s a SSD, min(6.4, 35) / min(6.4, 12.5) =
+    # 1 at its one SSD per GPU; Gen5's 13 GB/s: 13 / 12.5
+    assert "| 4 (3.29) | 6.40 | 1.00 |" in md and "| 2 (1.89) | 13.00 | 1.04 |" in md
+    assert "| - | not modelled (no read figure) |" in md  # this run measured no reads
+    assert "GDS is 1.00-1.04x as fast as the CPU-centric O_DIRECT path" in md
     assert "No device ceilings in env.json: no efficiency column." in md
     # the summary row checked number by number in test_summary_table_numbers
     assert (

@@ -10,7 +10,13 @@ import numpy as np
 import pandas as pd
 
 from analysis import stats
-from analysis.model.predict import break_even, break_even_ssds, stall_ratio
+from analysis.model.predict import (
+    break_even,
+    break_even_ssds,
+    restore_break_even,
+    restore_gain,
+    stall_ratio,
+)
 from analysis.model.profiles import THIS_MACHINE, Profile
 from analysis.model.render import describe_break_even
 from analysis.report.captions import CAPTIONS
@@ -52,6 +58,8 @@ def profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str]]]:
         "SSDs per GPU today",
         "GDS / CPU-centric stall at that count",
         "break-even SSDs per GPU (n*)",
+        "r: SSD read GB/s",
+        "CPU-centric / GDS restore at that count",
     ]
     rows = []
     for p in profiles:
@@ -69,9 +77,24 @@ def profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str]]]:
                 str(p.ssds_per_gpu),
                 f"{stall_ratio(p, p.ssds_per_gpu):.2f}",
                 be_txt,
+                "-"
+                if p.ssd_read_Bps is None
+                else f"{p.ssd_read_Bps / 1e9:.2f}"
+                + (" (assumed)" if p.assumed("ssd_read_GBps") else ""),
+                _gain_text(p),
             ]
         )
     return headers, rows
+
+
+def _gain_text(p: Profile) -> str:
+    """CPU-centric restore / GDS restore at the profile's SSDs per GPU, or why there is none."""
+    gain = restore_gain(p, p.ssds_per_gpu)
+    if not math.isfinite(gain):
+        return "not modelled (no read figure)"
+    if p.h2d_Bps is None:
+        return f"{gain:.2f} (no host-to-device link)"
+    return f"{gain:.2f}" + (" (assumed)" if p.assumed("ssd_read_GBps", "h2d_GBps") else "")
 
 
 def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]:
@@ -112,6 +135,24 @@ def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]
                     if worth
                     else "On none of them is GDS worth it for the stall."
                 )
+            )
+        gains = [restore_gain(p, p.ssds_per_gpu) for p in servers]
+        known = [(p, x) for p, x in zip(servers, gains, strict=True) if math.isfinite(x)]
+        if known:
+            faster = [restore_break_even(p) for p, _ in known]
+            n_from = sorted({max(1, math.floor(n) + 1) for n in faster if math.isfinite(n)})
+            out.append(
+                f"**Loading a checkpoint** (a restart, all GPUs at once) GDS is "
+                f"{min(x for _, x in known):.2f}-{max(x for _, x in known):.2f}x as fast as "
+                "the CPU-centric O_DIRECT path on the profiled servers at their SSD count"
+                + (
+                    f"; it loads faster from {n_from[0]}-{n_from[-1]} SSDs per GPU on, where "
+                    "a GPU's SSDs read faster than its share of the host's memory (C/g) feeds "
+                    "its link, which bounds the CPU path and not GDS"
+                    if n_from
+                    else ""
+                )
+                + " (Figure 4 (b); the section Restores has what this run measured)."
             )
     out.append(
         "Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
