@@ -20,7 +20,7 @@ from bench.common.traits import Traits
 from bench.measure import results
 from bench.measure.clock import STALL_CLOCK
 from bench.measure.efficiency import best_ceilings as ceilings
-from bench.measure.efficiency import efficiency, engine_traits
+from bench.measure.efficiency import efficiency, engine_traits, restore_efficiency
 
 # The order engines are listed in (the paper's paths, then the baselines); others follow.
 ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
@@ -54,17 +54,21 @@ def clock_note(env: dict[str, Any], who: str = "This run", plural: bool = False)
 
 
 def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
-    """`write_eff` and `snapshot_eff` of every row (bench.measure.efficiency, the one definition),
-    against the run's best ceilings; NaN where the run has none."""
+    """`write_eff`, `snapshot_eff` and `restore_eff` of every row (bench.measure.efficiency, the
+    one definition), against the run's best ceilings; NaN where the run has none."""
     c = ceilings(env)
-    w, s = [], []
+    w, s, rs = [], [], []
     for r in df.to_dict("records"):
         t = engine_traits(env, r["engine"])
         row = cast(dict[str, Any], r)  # a results row, its columns str (Hashable to pandas-stubs)
         a, b = efficiency(row, c, t) if (c is not None and t) else (None, None)
+        if row.get("restore_s") != row.get("restore_s"):  # NaN: no restore
+            row = {**row, "restore_s": None}
+        x = restore_efficiency(row, c, t) if (c is not None and t) else None
         w.append(np.nan if a is None else a)
         s.append(np.nan if b is None else b)
-    return df.assign(write_eff=w, snapshot_eff=s)
+        rs.append(np.nan if x is None else x)
+    return df.assign(write_eff=w, snapshot_eff=s, restore_eff=rs)
 
 
 @dataclass(frozen=True)

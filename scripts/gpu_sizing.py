@@ -222,7 +222,9 @@ def stage_s(engines: list[str], nbytes: int, saves: int, disk: Disk, c: Costs) -
 def ceilings_s(spec: config_mod.CeilingSpec, ceil: dict, nbytes: int, disk: Disk) -> float:
     """The ceilings before a sweep with the grids of `ceil`: each O_DIRECT run stops issuing
     writes after max_seconds; a buffered run's fsync then drains what the page cache took (all
-    of it, at the disk's rate); the copy (5 runs and a warm-up) and serialisation (3) besides."""
+    of it, at the disk's rate); with the reads, the same runs again (a read taken as no faster
+    than the write) and their files written once; the copy (5 runs and a warm-up) and
+    serialisation (3) besides."""
     if not ceil:
         return 0.0
     total = ceiling.probe_bytes(nbytes, spec.min_bytes, spec.max_bytes)
@@ -231,12 +233,9 @@ def ceilings_s(spec: config_mod.CeilingSpec, ceil: dict, nbytes: int, disk: Disk
     buffered = (len(ceil["buffered_jobs"]) if len(ceil["buffered_jobs"]) > 1 else 0) + reps
     one = total / disk.write_Bps
     copies = 6 * min(nbytes, ceiling.PROBE_COPY_BYTES) + 6 * min(nbytes, 256 << 20)
-    return (
-        direct * (min(one, spec.max_seconds) + 0.5)
-        + buffered * (one + 0.5)
-        + copies / disk.memory_Bps
-        + 2
-    )
+    storage = direct * (min(one, spec.max_seconds) + 0.5) + buffered * (one + 0.5)
+    reads = storage + one if ceil.get("reads", True) else 0.0
+    return storage + reads + copies / disk.memory_Bps + 2
 
 
 def ceiling_choices(spec: config_mod.CeilingSpec) -> list[tuple[str, dict]]:
@@ -248,11 +247,13 @@ def ceiling_choices(spec: config_mod.CeilingSpec) -> list[tuple[str, dict]]:
         "direct_search": [list(c) for c in spec.direct_search],
         "buffered_jobs": list(spec.buffered_jobs),
         "repetitions": spec.repetitions,
+        "reads": spec.reads,
     }
     one = {
         "direct_search": [max((list(c) for c in spec.direct_search), key=lambda c: c[0])],
         "buffered_jobs": [min(spec.buffered_jobs)],
         "repetitions": 1,
+        "reads": spec.reads,
     }
     return [("none", {}), ("one configuration each", one), ("the config's search", grid)]
 

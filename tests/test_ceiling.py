@@ -10,17 +10,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from bench.common import devices
+from bench.common.traits import BUILTIN
 from bench.config import sweep as config
-from bench.measure import ceiling
+from bench.measure import ceiling, efficiency, timers
 from bench.measure.ceilings import (
+    BUFFERED_READ,
     BUFFERED_WRITE,
     BUFFERED_WRITE_1,
     COPY,
     D2H,
+    DIRECT_READ,
     DIRECT_WRITE,
+    H2D,
     SERIALIZE,
     Ceilings,
     Writers,
@@ -193,13 +198,20 @@ def test_a_storage_run_stops_writing_after_its_seconds(scratch: Path, write) -> 
 
 
 def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, monkeypatch):
-    """A 40 GiB checkpoint's storage runs write at most `max_bytes` each, its copy ceiling
-    copies at most PROBE_COPY_BYTES, and the runs are as many as `storage_runs` says, each
-    reported to `progress`. Nothing of the checkpoint's size is allocated or written."""
+    """A 40 GiB checkpoint's storage runs write (and read) at most `max_bytes` each, its copy
+    ceiling copies at most PROBE_COPY_BYTES, and the runs are as many as `storage_runs` says,
+    each reported to `progress`; the reads search the grids given for the writes. Nothing of
+    the checkpoint's size is allocated, written or read."""
     dirs = _dirs(scratch, 2)
     writes: list[tuple[int, float | None]] = []
     copies: list[int] = []
-    real_write, real_copy = ceiling.builtin_write, ceiling.copy_bandwidth
+    reads: list[tuple[int, float | None]] = []
+    real_write, real_read = ceiling.builtin_write, ceiling.builtin_read
+    real_copy = ceiling.copy_bandwidth
+
+    def read(files, share, block, direct, jobs, depth, seconds=None):  # type: ignore[no-untyped-def]
+        reads.append((share * len(files), seconds))
+        return real_read(files, share, block, direct, jobs, depth, seconds)
 
     def write(targets, share, block, direct, jobs, depth, caps=None, seconds=None):  # type: ignore[no-untyped-def]
         writes.append((share * len(targets), seconds))
@@ -210,6 +222,7 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
         return real_copy(nbytes, *a, **k)
 
     monkeypatch.setattr(ceiling, "builtin_write", write)
+    monkeypatch.setattr(ceiling, "builtin_read", read)
     monkeypatch.setattr(ceiling, "copy_bandwidth", copy)
     monkeypatch.setattr(ceiling, "PROBE_COPY_BYTES", 4 * MiB)
     seen: list[str] = []
@@ -229,12 +242,16 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
         grids=grids,
         progress=seen.append,
     )
-    assert {n for n, _ in writes} == {8 * MiB} and {s for _, s in writes} == {30.0}
-    assert len(writes) == len(seen) == ceiling.storage_runs([1, 2], grids, 2) == 16
-    assert ceiling.storage_runs([1, 2], grids, 2, searched=False) == 8
+    assert {n for n, _ in writes + reads} == {8 * MiB}
+    assert {s for _, s in writes + reads} == {30.0}
+    assert len(writes) == len(reads) == 16
+    assert len(seen) == ceiling.storage_runs([1, 2], grids, 2) == 32
+    assert ceiling.storage_runs([1, 2], grids, 2, searched=False) == 16
+    assert ceiling.storage_runs([1, 2], grids, 2, reads=False) == 16
     assert copies == [4 * MiB] and out.method.checkpoint_bytes == 40 << 30
     assert out.method.max_bytes == 8 * MiB and out.counts[2].file_bytes == 4 * MiB
-    assert seen[0].startswith("direct write x1: ") and seen[-1].startswith("buffered write x2: ")
+    assert seen[0].startswith("direct write x1: ") and seen[-1].startswith("buffered read x2: ")
+    assert not [p for d in dirs for p in Path(d).iterdir()]  # every file made was removed
     assert ceiling.probe_bytes(100, 4 * MiB, 8 * MiB) == 4 * MiB  # at least min_bytes
     assert ceiling.probe_bytes(6 * MiB, 4 * MiB, 8 * MiB) == 6 * MiB
 
@@ -270,6 +287,8 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
         for kind, search in (
             (DIRECT_WRITE, direct),
             (BUFFERED_WRITE, ceiling.BUFFERED_SEARCH),
+            (DIRECT_READ, direct),  # the reads search as the writes of their kind
+            (BUFFERED_READ, ceiling.BUFFERED_SEARCH),
         ):
             got = count.kinds[kind]
             assert len(got.runs) == 3 and all(r > 0 for r in got.runs)
@@ -288,7 +307,9 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
             buffered.median() if buffered.writers == Writers(1, 1) else one.Bps
         )
     searched = 4 + 3 + 2 * len(ceiling.BUFFERED_SEARCH)
-    assert len(drops) == searched + 2 * 2 * 3  # the page cache is dropped before every run
+    # the page cache is dropped before every run, write and read
+    assert len(drops) == 2 * (searched + 2 * 2 * 3)
+    assert not [p for d in dirs for p in Path(d).iterdir()]  # the files read were removed
     copy = out.at(COPY)
     assert copy.Bps > 1e8 and out.at(D2H) is None and how.copy_threads == 2
     assert len(copy.runs) == 5
@@ -451,13 +472,22 @@ def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> No
 
     path = tmp_path / "results.csv"
     before = {
-        "per_ssd_count": {"1": {"direct_write_Bps": 0.8e9, "buffered_write_Bps": 0.5e9}},
+        "per_ssd_count": {
+            "1": {"direct_write_Bps": 0.8e9, "buffered_write_Bps": 0.5e9, "direct_read_Bps": 1e9}
+        },
         "copy_Bps": 8e9,
     }
     env = {
         "ceilings": before,
         "ceilings_after": {"per_ssd_count": {"1": {"direct_write_Bps": 1.2e9}}},
-        "ceilings_probes": [{"n_targets": 1, "copy_Bps": 12e9, "buffered_write_Bps": 0.9e9}],
+        "ceilings_probes": [
+            {
+                "n_targets": 1,
+                "copy_Bps": 12e9,
+                "buffered_write_Bps": 0.9e9,
+                "direct_read_Bps": 2.5e9,
+            }
+        ],
     }
     base = {c: "" for c in results.COLUMNS}
     gib = float(1 << 30)
@@ -468,12 +498,15 @@ def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> No
         ("cpu-single", 0.1, False),
     ):
         r = {**base, "engine": engine, "n_targets": 1, "total_bytes": int(gib)}
-        r.update(total_s=1.5 if engine == "torch-save" else 1.0, stall_s=stall)
+        r.update(total_s=1.5 if engine == "torch-save" else 1.0, stall_s=stall, restore_s=0.5)
         r["ceiling_beaten"] = False
         if judged:
             judge = Ceilings.from_json(before)
             r["write_efficiency"], r["snapshot_efficiency"] = rows.efficiency(r, judge)
-            r["ceiling_beaten"] = rows.beaten(r["write_efficiency"], r["snapshot_efficiency"])
+            r["restore_efficiency"] = efficiency.restore_efficiency(r, judge, BUILTIN[engine])
+            r["ceiling_beaten"] = rows.beaten(
+                r["write_efficiency"], r["snapshot_efficiency"], r["restore_efficiency"]
+            )
         made.append(r)
     w = results.RowWriter(str(path))
     for r in made:
@@ -486,14 +519,82 @@ def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> No
     assert df.loc[0, "write_efficiency"] == pytest.approx(round(gib / 1.2e9, 4))
     assert df.loc[0, "snapshot_efficiency"] == pytest.approx(round(gib / 0.1 / 12e9, 4))
     assert df.loc[1, "write_efficiency"] == pytest.approx(round(gib / 1.5 / 0.9e9, 4))
+    # the restore too: 2.15 x the read ceiling before the sweep, 0.86 x the probe's
+    assert df.loc[0, "restore_efficiency"] == pytest.approx(round(gib / 0.5 / 2.5e9, 4))
+    assert pd.isna(df.loc[1, "restore_efficiency"])  # torch-save: no buffered read ceiling
     assert list(df["ceiling_beaten"]) == [False, False, False]
     assert df.loc[2, ["write_efficiency", "snapshot_efficiency"]].isna().all()
     # the same numbers the summary and the report compute from the run
     df["engine"] = df["engine"].astype(str)
     again = runs.add_efficiencies(df.iloc[:2], env)
     assert list(again["write_eff"]) == pytest.approx(list(df.loc[:1, "write_efficiency"]))
+    assert again.loc[0, "restore_eff"] == pytest.approx(df.loc[0, "restore_efficiency"])
     assert efficiency.rejudge_csv(str(path), env) == 0  # judged once is judged
     assert not (tmp_path / "results.csv.tmp").exists()
+
+
+def test_a_read_ceiling_reads_its_files_back_from_the_device(scratch: Path, monkeypatch) -> None:
+    """The files a read ceiling reads hold different random bytes in every block, none of them
+    in the page cache; an O_DIRECT read brings none of them into it, a buffered one brings
+    them in and the next run evicts them again before it reads."""
+    dirs = _dirs(scratch, 2)
+    files = ceiling._read_files(dirs, 4 * MiB, MiB)
+    try:
+        blocks = [Path(f).read_bytes() for f in files]
+        timers.evict_files(files)
+        assert timers.resident_bytes(files) == 0
+        chunks = {b[i : i + MiB] for b in blocks for i in range(0, 4 * MiB, MiB)}
+        assert len(chunks) == 8 and all(len(b) == 4 * MiB for b in blocks)
+        assert ceiling.builtin_read(files, 4 * MiB, MiB, True, 1, 2) > 0
+        assert timers.resident_bytes(files) == 0  # O_DIRECT: the device, not the cache
+        assert ceiling.builtin_read(files, 4 * MiB, MiB, False, 2, 1) > 0
+        assert timers.resident_bytes(files) > 0  # buffered: the pages came in ...
+        before_first_read: list[int] = []
+        real = odirect.pread_into
+
+        def spy(fd: int, view: memoryview, offset: int) -> None:
+            if not before_first_read:
+                before_first_read.append(timers.resident_bytes(files))
+            real(fd, view, offset)
+
+        monkeypatch.setattr(odirect, "pread_into", spy)
+        ceiling.builtin_read(files, 4 * MiB, MiB, False, 1, 1)
+        assert before_first_read == [0]  # ... and the next run evicted them before it read
+    finally:
+        ceiling._remove(files)
+
+
+def test_without_reads_no_read_ceiling_is_measured(scratch: Path) -> None:
+    """`ceilings.reads: false`: the write ceilings alone, as many runs as storage_runs says."""
+    out = _builtin_once(_dirs(scratch, 1), [1], 4 * MiB, reads=False)
+    assert set(out.counts[1].kinds) == {DIRECT_WRITE, BUFFERED_WRITE}
+    assert out.at(DIRECT_READ, 1) is None and out.at(H2D) is None  # no CUDA here either
+    assert ceiling.storage_runs([1], {}, 1, reads=False) * 2 == ceiling.storage_runs([1], {}, 1)
+
+
+def test_a_restore_is_judged_against_its_kind_of_read() -> None:
+    """restore = bytes / restore_s over the read ceiling of the engine's kind of read (O_DIRECT
+    for cpu-single and gds, a cold buffered read for the page-cache paths), for the targets it
+    read; beyond 1.05 the ceiling is in question, as for writes."""
+    c = Ceilings.from_json(
+        {
+            "per_ssd_count": {
+                "1": {"direct_read_Bps": 2e9, "buffered_read_Bps": 1e9},
+                "2": {"direct_read_Bps": 4e9, "buffered_read_Bps": 1.6e9},
+            },
+        }
+    )
+    row = {"engine": "cpu-single", "n_targets": 2, "total_bytes": 1e9, "restore_s": 0.5}
+    judge = efficiency.restore_efficiency
+    assert judge(row, c, BUILTIN["cpu-single"]) == 0.5
+    assert judge(row, c, BUILTIN["gds"]) == 0.5
+    assert judge(row, c, BUILTIN["cpu-double"]) == 1.25  # a finding about the ceiling
+    assert judge(row, c, BUILTIN["torch-save"]) == 2.0  # one file, one target's ceiling
+    assert judge({**row, "restore_s": None}, c, BUILTIN["cpu-single"]) is None
+    assert judge(row, None, BUILTIN["cpu-single"]) is None
+    no_reads = Ceilings.from_json({"per_ssd_count": {"2": {"direct_write_Bps": 2e9}}})
+    assert judge(row, no_reads, BUILTIN["cpu-single"]) is None
+    assert rows.beaten(None, 0.5, 1.25) and not rows.beaten(0.9, 0.5, 1.0)
 
 
 # -- failures: an open that fails, fio failing or talking before its JSON -------------------------
@@ -556,7 +657,7 @@ if mode == "fail":
     print("fio: pid=1, err=22/file:filesetup.c:805, func=open, error=Invalid argument",
           file=sys.stderr)
     sys.exit(1)
-jobs, size, numjobs = 0, 0, 0
+jobs, size, numjobs, rw = 0, 0, 0, "write"
 for a in sys.argv[1:]:
     if a.startswith("--name="):
         jobs += 1
@@ -564,9 +665,13 @@ for a in sys.argv[1:]:
         size = int(a.split("=")[1])
     elif a.startswith("--numjobs="):
         numjobs = int(a.split("=")[1])
+    elif a.startswith("--rw="):
+        rw = a.split("=")[1]
 print("fio: this warning comes before the report")
-print(json.dumps({{"jobs": [{{"write": {{"io_bytes": jobs * numjobs * size,
-                                        "runtime": int(runtime_ms)}}}}]}}))
+# fio reports both directions of every job; the one it did not do moved nothing.
+did = {{"io_bytes": jobs * numjobs * size, "runtime": int(runtime_ms)}}
+idle = {{"io_bytes": 0, "runtime": 0}}
+print(json.dumps({{"jobs": [{{d: did if d == rw else idle for d in ("read", "write")}}]}}))
 """
 
 
@@ -597,6 +702,23 @@ def fake_fio(tmp_path: Path, monkeypatch) -> Any:
 
     Fio.set("ok")
     return Fio
+
+
+def test_fio_reads_the_files_it_is_given_from_a_cold_cache(scratch: Path, fake_fio) -> None:
+    """A read ceiling's fio run reads the files made for it (each reader its own part), drops
+    their pages first (`invalidate`), syncs nothing and leaves the files to their maker."""
+    dirs = _dirs(scratch, 2)
+    files = ceiling._read_files(dirs, 8 * MiB, MiB)
+    try:
+        fake_fio.set("ok", 500)
+        assert ceiling.fio_read(files, 8 * MiB, MiB, True, 2, 8) == 16 * MiB / 0.5
+        (args,) = fake_fio.calls()
+        assert [a.split("=", 1)[1] for a in args if a.startswith("--filename=")] == files
+        assert "--rw=read" in args and "--invalidate=1" in args and "--direct=1" in args
+        assert "--end_fsync=1" not in args and "--size=4194304" in args
+        assert all(os.path.exists(f) for f in files)
+    finally:
+        ceiling._remove(files)
 
 
 def test_fio_write_reads_fios_report_after_its_chatter(scratch: Path, fake_fio) -> None:
@@ -703,8 +825,9 @@ def test_a_probe_that_fails_is_noted_and_the_sweep_goes_on(scratch: Path, monkey
 
 
 def test_a_disk_that_drifted_during_the_sweep_is_noted(scratch: Path, monkeypatch, fake_fio):
-    """fio reports twice the runtime after the sweep: both storage ceilings halve, and the
-    notes say by how much, in GB/s computed here from what fio reported."""
+    """fio reports twice the runtime after the sweep: every storage ceiling halves, the reads
+    as the writes, and the notes say by how much, in GB/s computed here from what fio
+    reported."""
     cfg = _sweep_config(scratch, tool="fio")
     fake_fio.set("ok", 2)
     real = ceiling.measure
@@ -723,10 +846,10 @@ def test_a_disk_that_drifted_during_the_sweep_is_noted(scratch: Path, monkeypatc
     before, after = 8 * MiB / 0.002 / 1e9, 8 * MiB / 0.004 / 1e9
     drifted = [n for n in env["notes"] if n.startswith("the disk drifted")]
     assert drifted == [  # env.json keeps its notes sorted
-        f"the disk drifted during the run: {kind} write ceiling of 1 target(s) moved from "
+        f"the disk drifted during the run: {kind} ceiling of 1 target(s) moved from "
         f"{before:.2f} GB/s before the sweep to {after:.2f} GB/s after; efficiencies use the "
         "run's best ceiling"
-        for kind in ("buffered", "direct")
+        for kind in ("buffered read", "buffered write", "direct read", "direct write")
     ]
 
 

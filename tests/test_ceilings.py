@@ -338,7 +338,7 @@ def _dirs(scratch: Path, n: int) -> list[str]:
 def test_a_kind_declared_in_one_place_is_measured_kept_judged_and_shown(
     scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new kind (here an O_DIRECT read of n targets, judging the write of the engines that read
+    """A new kind (here a planted read of n targets, judging the write of the engines that read
     device memory themselves) declared as an entry of KINDS, and its measurer an entry of
     MEASURERS, with no other edit: the ceilings before and after the sweep and the probe measure
     it (its configuration chosen before is measured again), env.json keeps it, the run's best and
@@ -348,7 +348,7 @@ def test_a_kind_declared_in_one_place_is_measured_kept_judged_and_shown(
     def reads_device(t: Traits) -> bool:
         return t.from_device
 
-    read = Kind("direct_read", "O_DIRECT read", True, "write", reads_device)
+    read = Kind("planted_read", "planted read", True, "write", reads_device)
     monkeypatch.setattr(ceilings, "KINDS", (read, *KINDS))
     seen: list[tuple[int, bool, Writers | None]] = []
     speed = {"per target": 3e9}
@@ -388,15 +388,15 @@ def test_a_kind_declared_in_one_place_is_measured_kept_judged_and_shown(
         }
     )
     env = json.loads(text)
-    assert env["ceilings"]["per_ssd_count"]["2"]["direct_read_Bps"] == 6e9
-    assert env["ceilings_probes"][0]["direct_read_runs"] == [8_000_000_000, 7_200_000_000]
+    assert env["ceilings"]["per_ssd_count"]["2"]["planted_read_Bps"] == 6e9
+    assert env["ceilings_probes"][0]["planted_read_runs"] == [8_000_000_000, 7_200_000_000]
     got = RunCeilings.from_env(env)
     assert (got.before, got.after, got.probes) == (before, after, (probe,))
     best = got.best()
     assert best is not None
     assert (best.at(read, 1).Bps, best.at(read, 2).Bps) == (3e9, 8e9)  # before's, the probe's
     assert (
-        "direct read ceiling of 1 target(s) moved from 3.00 GB/s before the sweep to "
+        "planted read ceiling of 1 target(s) moved from 3.00 GB/s before the sweep to "
         "1.50 GB/s after"
     ) in before.drift(after)
     row = {"n_targets": 2, "total_bytes": 4e9, "total_s": 1.0, "stall_s": 0.5}
@@ -405,10 +405,10 @@ def test_a_kind_declared_in_one_place_is_measured_kept_judged_and_shown(
     assert efficiency(row, best, BUILTIN["cpu-single"])[0] == round(4e9 / direct, 4)
     lines = summary.ceiling_lines(env)
     assert any(
-        ln.startswith("  1 target(s): O_DIRECT read 3.00 / 1.50 GB/s (1 writer(s), depth 4), ")
+        ln.startswith("  1 target(s): planted read 3.00 / 1.50 GB/s (1 writer(s), depth 4), ")
         for ln in lines
     ), lines
     (report,) = [v for k, v in env_rows(env) if k == "device ceilings"]
     assert (
-        "2 target(s): O_DIRECT read 6.00 GB/s (runs 6.00 5.40 GB/s, 1 writer(s), depth 4)" in report
+        "2 target(s): planted read 6.00 GB/s (runs 6.00 5.40 GB/s, 1 writer(s), depth 4)" in report
     )

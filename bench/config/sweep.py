@@ -68,6 +68,10 @@ class CeilingSpec(Strict):
         [j, q] for j in (1, 2, 4) for q in (8, 16, 32)
     ]
     buffered_jobs: Annotated[list[PosInt], Field(min_length=1)] = [1, 2, 4]
+    # The read ceilings too (O_DIRECT and buffered, with the searches above), against which the
+    # restores are judged (restore_efficiency) and modelled; false roughly halves the storage
+    # runs.
+    reads: bool = True
 
 
 class RanksSpec(Strict):

@@ -11,13 +11,17 @@ for the kind of work the engines do, so that every engine row can be read as a f
     and queue depth (8, 16, 32), with fio (`direct=1, ioengine=libaio`) when it is installed,
     else a built-in probe (threads with pwrite: depth is the thread count); both write from
     transparent huge pages, as the engines' staging does (`fio_env`);
-  - buffered write ended by fsync (fio `direct=0, ioengine=psync, end_fsync=1`), writers 1, 2, 4.
+  - buffered write ended by fsync (fio `direct=0, ioengine=psync, end_fsync=1`), writers 1, 2, 4;
+  - the same two reads, of files of random bytes written first (untimed) with O_DIRECT: O_DIRECT
+    read (fio `rw=read, direct=1, ioengine=libaio`) over the same search, and buffered read of
+    a cold file (its pages evicted before each run; fio `invalidate=1`), readers 1, 2, 4. No
+    rate cap: the engines' restores are not paced.
   The best configuration of the search is then run `repetitions` times; the ceiling is the best
   run (every run and the search are kept). Which tool ran is recorded.
 - Memory: a copy into a warm buffer with the snapshot's own mechanism (8 MiB pieces from one
   queue over `copy_threads` threads), of the checkpoint's size up to PROBE_COPY_BYTES; on CUDA
-  also a device-to-host copy into exactly pinned memory. Best of 5 after a warm-up copy; every
-  run kept.
+  also a device-to-host copy into exactly pinned memory and a host-to-device copy from it. Best
+  of 5 after a warm-up copy; every run kept.
 - Serialisation (the baselines' own ceiling): torch.save of a state of the checkpoint's tensor
   size into memory, no disk: what a torch.save-based path cannot exceed before its write.
 
@@ -50,11 +54,14 @@ import torch
 from bench.common.devices import Device
 from bench.measure import ceilings
 from bench.measure.ceilings import (
+    BUFFERED_READ,
     BUFFERED_WRITE,
     BUFFERED_WRITE_1,
     COPY,
     D2H,
+    DIRECT_READ,
     DIRECT_WRITE,
+    H2D,
     SERIALIZE,
     Ceilings,
     Count,
@@ -65,6 +72,7 @@ from bench.measure.ceilings import (
     Tried,
     Writers,
 )
+from bench.measure.timers import evict_files
 from bench.storage import odirect, pacing
 from bench.storage.staging import COPY_PIECE, PinnedBuffer, copy_tasks, run_copies
 
@@ -198,19 +206,52 @@ def fio_write(
     blocks faulted in 8 GiB for 256 MiB of I/O (12.7 s of wall time, 21 s of system time, for
     a run whose I/O took 0.2 s)."""
     part = max(block, file_bytes // jobs // block * block)
-    depth = queue_depth(file_bytes, block, jobs, depth)
     files = _files(targets, part * jobs)
+    try:
+        return _fio("write", files, part, block, direct, jobs, depth, caps, seconds)
+    finally:
+        _remove(files)
+
+
+def fio_read(
+    files: list[str],
+    file_bytes: int,
+    block: int,
+    direct: bool,
+    jobs: int,
+    depth: int,
+    seconds: float | None = None,
+) -> float:
+    """Aggregate read bandwidth (bytes/s) of fio reading `files` (`_read_files`), each by `jobs`
+    readers on their own part of it, into buffers on huge pages; fio drops each file's pages
+    before it starts (`invalidate=1`). No rate cap: the engines' restores are not paced."""
+    part = max(block, file_bytes // jobs // block * block)
+    return _fio("read", files, part, block, direct, jobs, depth, None, seconds)
+
+
+def _fio(
+    rw: str,
+    files: list[str],
+    part: int,
+    block: int,
+    direct: bool,
+    jobs: int,
+    depth: int,
+    caps: list[int | None] | None,
+    seconds: float | None,
+) -> float:
+    """One fio run of `rw` over `files`, each by `jobs` workers of `part` bytes; its bytes/s."""
+    depth = queue_depth(part * jobs, block, jobs, depth)
     cmd = [
         "fio",
         "--output-format=json",
         "--group_reporting=1",
-        "--end_fsync=1",
-        "--fallocate=none",
+        *(["--end_fsync=1", "--fallocate=none"] if rw == "write" else ["--invalidate=1"]),
         "--thread=1",
         *([f"--runtime={max(1, round(seconds))}"] if seconds else []),
     ]
     common = [
-        "--rw=write",
+        f"--rw={rw}",
         f"--bs={block}",
         f"--size={part}",
         f"--numjobs={jobs}",
@@ -223,14 +264,11 @@ def fio_write(
         cap = caps[i] if caps else None
         rate = [f"--rate={max(1, cap // jobs)}"] if cap else []
         cmd += [f"--name=t{i}", f"--filename={f}", *common, *rate]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=fio_env()[0])
-        if out.returncode:
-            raise RuntimeError(f"fio failed: {out.stderr.strip()[:300]}")
-        job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]
-        return float(job["write"]["io_bytes"]) / (float(job["write"]["runtime"]) / 1e3)
-    finally:
-        _remove(files)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=fio_env()[0])
+    if out.returncode:
+        raise RuntimeError(f"fio failed: {out.stderr.strip()[:300]}")
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]
+    return float(job[rw]["io_bytes"]) / (float(job[rw]["runtime"]) / 1e3)
 
 
 def builtin_write(
@@ -248,42 +286,103 @@ def builtin_write(
     aligned buffer into the preallocated file, then fsync of every file. Aggregate bytes/s over
     the wall time to durability; after `seconds` no more writes are issued."""
     n_blocks = max(1, file_bytes // block)
-    # Whatever fails (an open refused, a write), what was made so far is undone, newest first:
-    # descriptors closed, the buffer unmapped, the files removed.
     with contextlib.ExitStack() as undo:
         files = _files(targets, n_blocks * block)
         undo.callback(_remove, files)
+        return _builtin(files, n_blocks, block, direct, jobs, depth, caps, seconds, write=True)
+
+
+def builtin_read(
+    files: list[str],
+    file_bytes: int,
+    block: int,
+    direct: bool,
+    jobs: int,
+    depth: int,
+    seconds: float | None = None,
+) -> float:
+    """Reading `files` (`_read_files`) without fio: per file, `jobs x depth` threads (O_DIRECT)
+    or `jobs` threads (buffered) issuing `block`-sized preads into a pre-faulted aligned buffer,
+    each file's pages evicted first. Aggregate bytes/s; after `seconds` no more reads are
+    issued. No rate cap: the engines' restores are not paced."""
+    evict_files(files)
+    n_blocks = max(1, file_bytes // block)
+    return _builtin(files, n_blocks, block, direct, jobs, depth, None, seconds, write=False)
+
+
+def _builtin(
+    files: list[str],
+    n_blocks: int,
+    block: int,
+    direct: bool,
+    jobs: int,
+    depth: int,
+    caps: list[int | None] | None,
+    seconds: float | None,
+    write: bool,
+) -> float:
+    """`n_blocks` blocks of each file written from (then fsync'd), or read into, one aligned
+    buffer by a pool of threads; bytes/s over the wall time."""
+    # Whatever fails (an open refused, a write), what was made so far is undone, newest first:
+    # descriptors closed, the buffer unmapped.
+    with contextlib.ExitStack() as undo:
         buf = odirect.HostBuffer(block)
         undo.callback(buf.close)
-        buf.array[:] = random_bytes(buf.nbytes)[: buf.array.size]
+        if write:
+            buf.array[:] = random_bytes(buf.nbytes)[: buf.array.size]
         view = buf.array.data[:block]
         undo.callback(view.release)
-        flags = os.O_WRONLY | (os.O_DIRECT if direct else 0)
+        flags = (os.O_WRONLY if write else os.O_RDONLY) | (os.O_DIRECT if direct else 0)
         fds: list[int] = []
         for f in files:
             fds.append(os.open(f, flags))
             undo.callback(os.close, fds[-1])
         workers = len(fds) * jobs * (depth if direct else 1)
         buckets = [pacing.TokenBucket(c, block) if c else None for c in (caps or [None] * len(fds))]
+        io = odirect.pwrite_all if write else odirect.pread_into
 
         stop = time.perf_counter_ns() + int(seconds * 1e9) if seconds else None
 
-        def write(i: int, j: int) -> int:
+        def one(i: int, j: int) -> int:
             if stop is not None and time.perf_counter_ns() > stop:
                 return 0
             bucket = buckets[i]
             if bucket is not None:
                 bucket.take(block)
-            odirect.pwrite_all(fds[i], view, j * block)
+            io(fds[i], view, j * block)
             return block
 
         t0 = time.perf_counter_ns()
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            jobs_ = [pool.submit(write, i, j) for j in range(n_blocks) for i in range(len(fds))]
-            written = sum(f.result() for f in jobs_)
-            list(pool.map(os.fsync, fds))
+            done = [pool.submit(one, i, j) for j in range(n_blocks) for i in range(len(fds))]
+            moved = sum(f.result() for f in done)
+            if write:
+                list(pool.map(os.fsync, fds))
         elapsed = (time.perf_counter_ns() - t0) / 1e9
-    return written / elapsed
+    return moved / elapsed
+
+
+def _read_files(targets: list[str], share: int, block: int) -> list[str]:
+    """What a read ceiling reads: a file per target of `share` bytes, preallocated as the
+    engines' files are, each `block` of it different random bytes, written with O_DIRECT and
+    synced (untimed; no page of it is left in the page cache)."""
+    files = _files(targets, share)
+    with contextlib.ExitStack() as undo:
+        undo.push(lambda *exc: _remove(files) if exc[0] is not None else None)
+        buf = odirect.HostBuffer(block)
+        undo.callback(buf.close)
+        view = buf.array.data[:block]
+        undo.callback(view.release)
+        for t, f in enumerate(files):
+            fd = os.open(f, os.O_WRONLY | os.O_DIRECT)
+            try:
+                for j, off in enumerate(range(0, share, block)):
+                    random_bytes(block, seed=(t << 32) + j, out=buf.array)
+                    odirect.pwrite_all(fd, view[: min(block, share - off)], off)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    return files
 
 
 def copy_bandwidth(
@@ -341,19 +440,32 @@ def d2h_bandwidth(nbytes: int, device: Device, reps: int = COPY_REPS) -> list[fl
     """Device-to-host bandwidth (B/s of each run) into memory pinned as the engines pin their
     staging (exactly, with cudaHostRegister), released afterwards (torch's pin_memory would
     keep the block pinned in its cache): one untimed copy first, then `reps` timed ones."""
+    return _pinned_copy(nbytes, device, reps, to_device=False)
+
+
+def h2d_bandwidth(nbytes: int, device: Device, reps: int = COPY_REPS) -> list[float]:
+    """Host-to-device bandwidth (B/s of each run) from memory pinned as the engines' staging
+    is, as `d2h_bandwidth` measures the other way: what bounds a restore through host memory."""
+    return _pinned_copy(nbytes, device, reps, to_device=True)
+
+
+def _pinned_copy(nbytes: int, device: Device, reps: int, to_device: bool) -> list[float]:
     buf = PinnedBuffer(nbytes)
     try:
         pinned = torch.from_numpy(buf.array)[:nbytes]
         dev = torch.empty(nbytes, dtype=torch.uint8, device=device.torch_device).fill_(3)
-        pinned.copy_(dev, non_blocking=True)  # warm-up
+        if to_device:
+            pinned.copy_(torch.from_numpy(random_bytes(nbytes)))
+        dst, src = (dev, pinned) if to_device else (pinned, dev)
+        dst.copy_(src, non_blocking=True)  # warm-up
         times = []
         for _ in range(reps):
             device.synchronize()
             t0 = time.perf_counter_ns()
-            pinned.copy_(dev, non_blocking=True)
+            dst.copy_(src, non_blocking=True)
             device.synchronize()
             times.append((time.perf_counter_ns() - t0) / 1e9)
-        del pinned, dev
+        del pinned, dev, dst, src
     finally:
         buf.close()
     return [nbytes / t for t in times]
@@ -400,6 +512,9 @@ def probe_bytes(checkpoint_bytes: int, min_bytes: int, max_bytes: int) -> int:
 
 # fio_write or builtin_write: (targets, file_bytes, block, direct, jobs, depth, caps, seconds)
 Write = Callable[..., float]
+# fio_read or builtin_read: (files, file_bytes, block, direct, jobs, depth, seconds)
+Read = Callable[..., float]
+READS = (DIRECT_READ, BUFFERED_READ)
 
 
 @dataclass(frozen=True)
@@ -425,21 +540,43 @@ class Session:
     probe: bool = False
     keep: dict[int, Any] | None = None
     progress: Callable[[str], Any] | None = None  # called after each storage run
+    read: Read = builtin_read  # the read kinds' tool
+    reads: bool = True  # measure the read kinds
+    # The files the read kinds read, made once per set of targets and share (`read_files`) and
+    # removed by whoever made the session (`remove_read_files`).
+    made: dict[tuple[tuple[str, ...], int], list[str]] = field(default_factory=dict)
+
+    def read_files(self) -> list[str]:
+        key = (tuple(self.targets), self.share)
+        if key not in self.made:
+            self.made[key] = _read_files(self.targets, self.share, self.block)
+        return self.made[key]
+
+    def remove_read_files(self) -> None:
+        for files in self.made.values():
+            _remove(files)
+        self.made.clear()
 
     def run(self, kind: Kind, direct: bool, w: Writers) -> float:
         """One storage run of `kind` (B/s), the page cache emptied first where it can be."""
+        files = self.read_files() if kind in READS else None
         if self.drop:
             self.drop()
-        bw = self.write(
-            self.targets,
-            self.share,
-            self.block,
-            direct,
-            w.jobs,
-            w.iodepth,
-            self.caps,
-            self.max_seconds,
-        )
+        if files is not None:
+            bw = self.read(
+                files, self.share, self.block, direct, w.jobs, w.iodepth, self.max_seconds
+            )
+        else:
+            bw = self.write(
+                self.targets,
+                self.share,
+                self.block,
+                direct,
+                w.jobs,
+                w.iodepth,
+                self.caps,
+                self.max_seconds,
+            )
         if self.progress:
             self.progress(
                 f"{kind.name.replace('_', ' ')} x{len(self.targets)}: {bw / 1e9:.2f} GB/s"
@@ -500,6 +637,17 @@ def buffered_write_1(s: Session, got: Mapping[Kind, Measured]) -> Measured | Non
     return Measured.best_of(runs, one)
 
 
+def direct_read(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """O_DIRECT reads (fio `rw=read, direct=1, ioengine=libaio`) of files written before."""
+    return _storage(s, DIRECT_READ, True, 1) if s.reads else None
+
+
+def buffered_read(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """Buffered reads of files whose pages were evicted first (fio `direct=0, ioengine=psync,
+    invalidate=1`), the best of PROBE_RUNS in a probe."""
+    return _storage(s, BUFFERED_READ, False, PROBE_RUNS) if s.reads else None
+
+
 def _memory(s: Session, runs: Callable[[int, int], list[float]]) -> Measured:
     """A memory ceiling of the checkpoint's size up to PROBE_COPY_BYTES: the best of COPY_REPS,
     or in a probe the median of 3; `runs(nbytes, reps)` measures it."""
@@ -521,6 +669,13 @@ def d2h(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
     return _memory(s, lambda n, reps: d2h_bandwidth(n, s.device, reps))
 
 
+def h2d(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
+    """On CUDA, a host-to-device copy from exactly pinned memory; elsewhere none."""
+    if not s.device.is_cuda:
+        return None
+    return _memory(s, lambda n, reps: h2d_bandwidth(n, s.device, reps))
+
+
 def serialize(s: Session, got: Mapping[Kind, Measured]) -> Measured | None:
     """torch.save into memory, best of 3, before and after the sweep only (on these machines it
     is several times the disk: a probe leaves it out)."""
@@ -536,7 +691,10 @@ MEASURERS: dict[Kind, Callable[[Session, Mapping[Kind, Measured]], Measured | No
     DIRECT_WRITE: direct_write,
     BUFFERED_WRITE: buffered_write,
     BUFFERED_WRITE_1: buffered_write_1,
+    DIRECT_READ: direct_read,
+    BUFFERED_READ: buffered_read,
     D2H: d2h,
+    H2D: h2d,
     COPY: copy,
     SERIALIZE: serialize,
 }
@@ -545,7 +703,18 @@ MEASURERS: dict[Kind, Callable[[Session, Mapping[Kind, Measured]], Measured | No
 GRIDS: dict[Kind, list[tuple[int, int]]] = {
     DIRECT_WRITE: DIRECT_SEARCH,
     BUFFERED_WRITE: BUFFERED_SEARCH,
+    DIRECT_READ: DIRECT_SEARCH,
+    BUFFERED_READ: BUFFERED_SEARCH,
 }
+# A read kind searches the grid given for its write kind where none is given for itself.
+SEARCHED_AS = {DIRECT_READ: DIRECT_WRITE, BUFFERED_READ: BUFFERED_WRITE}
+
+
+def _grid(kind: Kind, grids: Mapping[Kind, Sequence[Sequence[int]]]) -> Sequence[Sequence[int]]:
+    """The (writers, depth) configurations searched for `kind`: given, else given for the write
+    kind it searches as, else the default."""
+    as_ = SEARCHED_AS.get(kind)
+    return grids.get(kind) or (grids.get(as_) if as_ else None) or GRIDS[kind]
 
 
 def _measure_kinds(s: Session, storage: bool) -> dict[Kind, Measured]:
@@ -564,13 +733,16 @@ def storage_runs(
     grids: Mapping[Kind, Sequence[Sequence[int]]],
     repetitions: int,
     searched: bool = True,
+    reads: bool = True,
 ) -> int:
-    """How many storage runs `measure` makes: per SSD count, for each searched kind the search
-    (when its grid, `grids` or the default, has more than one configuration and `searched`) and
-    the repetitions of the chosen configuration."""
+    """How many storage runs `measure` makes: per SSD count, for each searched kind (the reads
+    only if `reads`) the search (when its grid, `grids` or the default, has more than one
+    configuration and `searched`) and the repetitions of the chosen configuration."""
     n = 0
-    for kind, default in GRIDS.items():
-        grid = len(grids.get(kind) or default)
+    for kind in GRIDS:
+        if kind in READS and not reads:
+            continue
+        grid = len(_grid(kind, grids))
         n += (grid if searched and grid > 1 else 0) + repetitions
     return n * len(set(ssd_counts))
 
@@ -593,6 +765,7 @@ def measure(
     max_bytes: int = MAX_BYTES,
     max_seconds: float | None = MAX_SECONDS,
     progress: Any = None,
+    reads: bool = True,
 ) -> Ceilings:
     """All ceilings for a run: every kind of KINDS, the storage ones per SSD count. `drop` (if
     given) is called before each storage run to empty the page cache. `configs` (an earlier
@@ -613,11 +786,10 @@ def measure(
         max_seconds=max_seconds,
         copy_threads=copy_threads,
         tensor_bytes=tensor_bytes,
-        grids={
-            kind: [Writers(*c) for c in (grids or {}).get(kind) or default]
-            for kind, default in GRIDS.items()
-        },
+        grids={kind: [Writers(*c) for c in _grid(kind, grids or {})] for kind in GRIDS},
         progress=progress,
+        read=fio_read if version else builtin_read,
+        reads=reads,
     )
     total = probe_bytes(checkpoint_bytes, min_bytes, max_bytes)
     counts = {}
@@ -629,8 +801,12 @@ def measure(
             share=share,
             caps=caps[:n] if caps else None,
             chosen=(configs or {}).get(n, {}),
+            made={},
         )
-        counts[n] = Count(share, _measure_kinds(s, storage=True))
+        try:
+            counts[n] = Count(share, _measure_kinds(s, storage=True))
+        finally:
+            s.remove_read_files()
     method = Method(
         tool=version or "builtin",
         fio=fio_version(),
@@ -665,14 +841,14 @@ def probe(
     torch.save and safetensors are) and the copy ceiling (median of 3, of at most 1 GiB,
     buffers reused through `keep`); `nbytes` in all, as the checkpoint. The model predicts each
     workload's rows from the probes around it, so that a disk that drifts 2x within the hour
-    drifts in the model too. One run of O_DIRECT, the best of PROBE_RUNS of each page-cache
-    write (every run kept). (Serialisation is left to the ceilings before and after: on these
+    drifts in the model too. One run of O_DIRECT (write, then read), the best of PROBE_RUNS of
+    each page-cache write and read (every run kept). (Serialisation is left to the ceilings before and after: on these
     machines it is several times the disk.) The storage runs are bounded as `measure`'s are
     (`max_bytes`, `max_seconds`)."""
-    write = fio_write if use_fio and fio_version() else builtin_write
+    fio = use_fio and fio_version()
     share = max(block, -(-min(nbytes, max_bytes) // len(targets)) // block * block)
     s = Session(
-        write,
+        fio_write if fio else builtin_write,
         device,
         targets,
         share,
@@ -685,7 +861,11 @@ def probe(
         chosen=configs,
         probe=True,
         keep=keep,
+        read=fio_read if fio else builtin_read,
     )
     # At most PROBE_COPY_BYTES of copy: its buffers stay allocated through the sweep.
-    kinds = {**_measure_kinds(s, storage=True), **_measure_kinds(s, storage=False)}
+    try:
+        kinds = {**_measure_kinds(s, storage=True), **_measure_kinds(s, storage=False)}
+    finally:
+        s.remove_read_files()
     return Probe(len(targets), kinds, share)

@@ -27,15 +27,16 @@ import numpy as np
 
 from bench.common.traits import Traits
 
-# The part of a save a ceiling judges: its write end to end (total_bytes / total_s), or its
-# stall where the stall is a snapshot (total_bytes / stall_s).
-Phase = Literal["write", "snapshot"]
+# The part of a checkpoint a ceiling judges: its write end to end (total_bytes / total_s), its
+# stall where the stall is a snapshot (total_bytes / stall_s), or its restore (total_bytes /
+# restore_s, the checkpoint read back from a cold page cache).
+Phase = Literal["write", "snapshot", "restore"]
 
 
 @dataclass(frozen=True)
 class Writers:
-    """A storage configuration: writers per target (each on its own part of the file) and the
-    writes each keeps in flight (O_DIRECT; 1 for a buffered writer)."""
+    """A storage configuration: writers (readers, for a read kind) per target, each on its own
+    part of the file, and the requests each keeps in flight (O_DIRECT; 1 when buffered)."""
 
     jobs: int
     iodepth: int = 1
@@ -181,13 +182,33 @@ BUFFERED_WRITE = Kind("buffered_write", "buffered + fsync", True, "write", _page
 BUFFERED_WRITE_1 = Kind(
     "buffered_write_1", "buffered + fsync, one writer", True, derive=_one_writer
 )
+# The read ceilings: a restore through O_DIRECT (cpu-single, gds) against the first, one through
+# the page cache (cpu-double, the baselines' loaders) against the second, its file's pages
+# evicted first, as a restore after a restart finds them.
+DIRECT_READ = Kind("direct_read", "O_DIRECT read", True, "restore", _direct_path)
+BUFFERED_READ = Kind(
+    "buffered_read", "buffered read, cold cache", True, "restore", _page_cache_path
+)
 D2H = Kind("d2h", "device-to-host", False, "snapshot", _snapshots)
+# On CUDA, host-to-device from pinned memory: what bounds a CPU path's restore to the device
+# (the model reads it; no efficiency column).
+H2D = Kind("h2d", "host-to-device", False)
 # A snapshot is judged against the device-to-host copy where there is one (CUDA), else this.
 COPY = Kind("copy", "copy into a warm buffer", False, "snapshot", _snapshots)
 SERIALIZE = Kind("serialize", "torch.save to memory", False)
 
 # Every kind, in the order they are measured, shown, and preferred where two judge the same.
-KINDS: tuple[Kind, ...] = (DIRECT_WRITE, BUFFERED_WRITE, BUFFERED_WRITE_1, D2H, COPY, SERIALIZE)
+KINDS: tuple[Kind, ...] = (
+    DIRECT_WRITE,
+    BUFFERED_WRITE,
+    BUFFERED_WRITE_1,
+    DIRECT_READ,
+    BUFFERED_READ,
+    D2H,
+    H2D,
+    COPY,
+    SERIALIZE,
+)
 
 
 def _kinds(storage: bool) -> Iterator[Kind]:

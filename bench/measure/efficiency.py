@@ -12,7 +12,7 @@ from bench.measure.ceilings import Ceilings, RunCeilings
 BEATEN = 1.05  # an efficiency above this is a finding about the ceiling, not a score
 # The columns a row's judgement fills: judged again at the end of the sweep (`rejudge_csv`),
 # while every measured column stays as written.
-JUDGED = ("write_efficiency", "snapshot_efficiency", "ceiling_beaten")
+JUDGED = ("write_efficiency", "snapshot_efficiency", "restore_efficiency", "ceiling_beaten")
 
 
 def efficiency(row: dict[str, Any], ceilings: Ceilings | None, traits: Traits) -> tuple[Any, Any]:
@@ -38,6 +38,18 @@ def efficiency(row: dict[str, Any], ceilings: Ceilings | None, traits: Traits) -
     if s and row.get("stall_s"):
         snapshot = round(row["total_bytes"] / row["stall_s"] / s, 4)
     return write, snapshot
+
+
+def restore_efficiency(row: dict[str, Any], ceilings: Ceilings | None, traits: Traits) -> Any:
+    """total_bytes / restore_s (the checkpoint read back, from a cold page cache, until usable
+    on the requested device) over the read ceiling of an engine with these traits (O_DIRECT read,
+    or a buffered read of a cold file for page-cache paths: bench.measure.ceilings.KINDS) for
+    the targets it read (one unless it stripes); None without that ceiling or a restore."""
+    if ceilings is None or not row.get("restore_s"):
+        return None
+    n = int(row["n_targets"]) if traits.stripes else 1
+    r = ceilings.bound("restore", traits, n)
+    return round(row["total_bytes"] / row["restore_s"] / r, 4) if r else None
 
 
 def beaten(*effs: Any) -> bool:
@@ -79,16 +91,16 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
             "total_bytes": float(r["total_bytes"]),
             "total_s": float(r["total_s"]),
             "stall_s": float(r["stall_s"]) if r.get("stall_s") else None,
+            "restore_s": float(r["restore_s"]) if r.get("restore_s") else None,
             "n_targets": int(r["n_targets"]),
         }
         w, s = efficiency(num, best, traits)
-        new = dict(
-            zip(
-                JUDGED,
-                ("" if w is None else str(w), "" if s is None else str(s), str(beaten(w, s))),
-                strict=True,
-            )
-        )
+        # A file written before restore_efficiency existed keeps its columns.
+        rst = restore_efficiency(num, best, traits) if "restore_efficiency" in cols else None
+        cells = ("" if e is None else str(e) for e in (w, s, rst))
+        new = dict(zip(JUDGED, (*cells, str(beaten(w, s, rst))), strict=True))
+        if "restore_efficiency" not in cols:
+            del new["restore_efficiency"]
         if any(r.get(k) != v for k, v in new.items()):
             changed += 1
             r.update(new)

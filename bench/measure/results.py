@@ -177,6 +177,13 @@ class Row:
         None,
         ranks="own",
     )
+    restore_efficiency: float | None = column(
+        "total_bytes / restore_s over the read ceiling of the engine's kind of read (O_DIRECT, or "
+        "buffered from a cold page cache for page-cache paths) for the targets it read; empty "
+        "without read ceilings.",
+        None,
+        ranks="own",
+    )
     verified: bool = column(
         "The restore was compared with the source and matched.",
         False,

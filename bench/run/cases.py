@@ -300,6 +300,8 @@ class CaseRunner:
                 load=load,
                 fingerprint=(self._fingerprint or []) if in_place else None,
             )
+            if g.k == 1:  # a rank's share of a many-rank restore: see the aggregate row
+                rows.judge_row(row, self.ceilings)
         except Exception as e:
             row.error = rows.error_text(e)
             if not isinstance(e, UserError | OSError):

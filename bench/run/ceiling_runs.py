@@ -19,16 +19,29 @@ from bench.common.errors import UserError
 from bench.config import sweep as config_mod
 from bench.measure import ceiling
 from bench.measure import timers as measure
-from bench.measure.ceilings import BUFFERED_WRITE, DIRECT_WRITE, Ceilings, Kind, Probe
+from bench.measure.ceilings import (
+    BUFFERED_READ,
+    BUFFERED_WRITE,
+    DIRECT_READ,
+    DIRECT_WRITE,
+    Ceilings,
+    Kind,
+    Probe,
+)
 from bench.run.core import Core
 from bench.run.plan import Group, RunPlan, Workload
 
 
 def grids(spec: config_mod.CeilingSpec) -> dict[Kind, list[tuple[int, int]]]:
-    """The searches the config asks for, by kind of ceiling: (writers per target, depth)."""
+    """The searches the config asks for, by kind of ceiling: (writers per target, depth); the
+    reads search as the writes of their kind do."""
+    direct = [(int(j), int(q)) for j, q in spec.direct_search]
+    buffered = [(int(j), 1) for j in spec.buffered_jobs]
     return {
-        DIRECT_WRITE: [(int(j), int(q)) for j, q in spec.direct_search],
-        BUFFERED_WRITE: [(int(j), 1) for j in spec.buffered_jobs],
+        DIRECT_WRITE: direct,
+        BUFFERED_WRITE: buffered,
+        DIRECT_READ: direct,
+        BUFFERED_READ: buffered,
     }
 
 
@@ -60,13 +73,17 @@ class CeilingRunner:
             tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
             when = "after the sweep" if again else "first"
             runs = ceiling.storage_runs(
-                cfg.ssd_counts, grids(spec), spec.repetitions, searched=again is None
+                cfg.ssd_counts,
+                grids(spec),
+                spec.repetitions,
+                searched=again is None,
+                reads=spec.reads,
             )
             each = ceiling.probe_bytes(largest, spec.min_bytes, spec.max_bytes)
             core.log(
                 f"measuring device ceilings {when}: {runs} storage runs with {tool} of "
                 f"{sizes.format_size(each)} each, every one cut off after {spec.max_seconds:g} s "
-                f"(at most {runs * spec.max_seconds / 60:.1f} min of writing, plus fsync), "
+                f"(at most {runs * spec.max_seconds / 60:.1f} min of I/O, plus fsync), "
                 "then a memory copy"
             )
             drop = measure.drop_page_cache if self.cache_dropped else None
@@ -126,6 +143,7 @@ class CeilingRunner:
             max_bytes=spec.max_bytes,
             max_seconds=spec.max_seconds,
             progress=progress,
+            reads=spec.reads,
         )
 
     def after(self, wls: list[Workload], before: Ceilings | None) -> None:

@@ -32,6 +32,17 @@ def efficiency(row: results.Row | Mapping[str, Any], ceilings: Ceilings | None) 
     return judge.efficiency(dict(cells), ceilings, REGISTRY[cells["engine"]].traits)
 
 
+def judge_row(row: results.Row, ceilings: Ceilings | None) -> None:
+    """Fill the row's judged columns (bench.measure.efficiency.JUDGED) from what it measured so
+    far: the write and snapshot efficiency once saved, the restore's once restored."""
+    row.write_efficiency, row.snapshot_efficiency = efficiency(row, ceilings)
+    traits = REGISTRY[row.engine].traits
+    row.restore_efficiency = judge.restore_efficiency(columns.values(row), ceilings, traits)
+    row.ceiling_beaten = beaten(
+        row.write_efficiency, row.snapshot_efficiency, row.restore_efficiency
+    )
+
+
 def tensor_stats(state: Any) -> tuple[int, int]:
     """(number of tensors, their bytes) of a state."""
     from bench.storage.tree import flatten
@@ -90,8 +101,7 @@ def save_phase(
     row.io_detail = detail.dumps(res.detail)
     columns.fill(row, sample)
     columns.fill(row, cost)  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
-    row.write_efficiency, row.snapshot_efficiency = efficiency(row, ceilings)
-    row.ceiling_beaten = beaten(row.write_efficiency, row.snapshot_efficiency)
+    judge_row(row, ceilings)
 
 
 def restore_phase(
@@ -186,8 +196,7 @@ def aggregate(rows: list[results.Row], ceilings: Ceilings | None = None) -> resu
     }
     out = results.Row(**cells, **_own_columns(rows))
     if out.total_s is not None and out.stall_s is not None:
-        out.write_efficiency, out.snapshot_efficiency = efficiency(out, ceilings)
-        out.ceiling_beaten = beaten(out.write_efficiency, out.snapshot_efficiency)
+        judge_row(out, ceilings)
     return out
 
 
@@ -213,6 +222,7 @@ def _own_columns(rows: list[results.Row]) -> dict[str, Any]:
         "page_cache_peak_bytes": sum(per_node.values()) if per_node else None,
         "write_efficiency": None,
         "snapshot_efficiency": None,
+        "restore_efficiency": None,
         "ceiling_beaten": False,
         "error": f"rank {bad.rank}: {bad.error}" if bad else "",
         "rank": -1,
