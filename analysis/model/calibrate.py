@@ -15,15 +15,19 @@ from analysis import cost
 from analysis.model.profiles import GB, THIS_MACHINE, Profile
 from bench.common.errors import UserError
 from bench.measure.ceilings import (
+    BUFFERED_READ,
     BUFFERED_WRITE,
     BUFFERED_WRITE_1,
     COPY,
     D2H,
+    DIRECT_READ,
     DIRECT_WRITE,
+    H2D,
     KINDS,
     SERIALIZE,
     Ceilings,
     Kind,
+    Measured,
     Probe,
     RunCeilings,
 )
@@ -75,6 +79,16 @@ def from_run(run: Any) -> Profile:
     copies = typical(COPY)
     if not direct or not copies:  # a ceiling that failed (env.json ceilings_error)
         return _from_rows(run)
+    # The restore's: R(n) and Q(n), the O_DIRECT and buffered reads of a cold file, Q1(n) the
+    # buffered read's run with one reader, h the host-to-device copy (CUDA only).
+    reads = tuple((n, v) for n in per_n if (v := both(n, DIRECT_READ)))
+    buffered_reads = tuple((n, v) for n in per_n if (v := both(n, BUFFERED_READ)))
+    one_reader = []
+    for n in per_n:
+        ones = [v for b in (c, after) if b is not None and (v := _one_reader(b, n))]
+        if ones:
+            one_reader.append((n, float(np.mean(ones))))
+    h2d = typical(H2D)
     copy = float(np.mean(copies))
     d2h = float(np.mean(typical(D2H) or [copy]))
     ser = typical(SERIALIZE)
@@ -102,6 +116,15 @@ def from_run(run: Any) -> Profile:
         "host_copy_GBps": (tag, f"env.json ceilings: the copy runs of run {rid} (median)"),
         "checkpoint_size": (tag, "the largest checkpoint of the run"),
     }
+    if reads:
+        n_r = reads[0][0]
+        sources["ssd_read_GBps"] = (
+            tag,
+            f"env.json ceilings: the {DIRECT_READ.label} ceiling of {n_r} target(s), run {rid}"
+            + (" (all targets on one device)" if shared else f", divided by {n_r}"),
+        )
+    if h2d:
+        sources["h2d_GBps"] = (tag, f"env.json ceilings: the {H2D.label} runs of run {rid}")
     n_dev = int(run.env.get("storage", {}).get("distinct_devices") or 1)
     z = _best(c, SERIALIZE)
     notes = [
@@ -131,7 +154,25 @@ def from_run(run: Any) -> Profile:
         buffered_by_n=buffered,
         buffered_single_by_n=tuple(single),
         serialize_Bps=float(np.mean(ser)) if ser else None,
+        ssd_read_Bps=(reads[0][1] if shared else reads[0][1] / reads[0][0]) if reads else None,
+        h2d_Bps=float(np.mean(h2d)) if h2d else None,
+        direct_read_by_n=reads,
+        buffered_read_by_n=buffered_reads,
+        buffered_read_single_by_n=tuple(one_reader),
     )
+
+
+def _one_reader(c: Ceilings, n: int) -> float | None:
+    """Q1(n): the buffered read of n targets with one reader, where the run has it: the
+    buffered read itself when it kept one reader, else its search's run of one (a loader that
+    reads its one file with one thread, as torch.load, gets this rather than the best count)."""
+    m: Measured | None = c.at(BUFFERED_READ, n)
+    if m is None:
+        return None
+    if m.writers is not None and m.writers.jobs == 1:
+        return m.median()
+    one = [t.Bps for t in m.search if t.writers.jobs == 1]
+    return float(one[0]) if one else None
 
 
 def _point(c: Ceilings, n: int) -> dict[Kind, float]:
@@ -180,6 +221,9 @@ def near(p: Profile, run: Any, workload: str, n: int) -> Profile:
     d2h = med(D2H) or (copy if run.emulated else p.d2h_Bps)
     return replace(
         p,
+        direct_read_by_n=put(p.direct_read_by_n, med(DIRECT_READ)),
+        buffered_read_by_n=put(p.buffered_read_by_n, med(BUFFERED_READ)),
+        h2d_Bps=med(H2D) or p.h2d_Bps,
         direct_by_n=put(p.direct_by_n, med(DIRECT_WRITE)),
         buffered_by_n=put(p.buffered_by_n, med(BUFFERED_WRITE)),
         buffered_single_by_n=put(p.buffered_single_by_n, med(BUFFERED_WRITE_1)),
