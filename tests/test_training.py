@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 from conftest import scratch_base
 
@@ -232,6 +233,54 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
         == cs["overlap_steps"].tolist()
     )
     assert (during["step"] > during["persist_of_step"]).all()
+
+
+def test_restart_from_the_last_checkpoint(tiny_run: tuple) -> None:
+    """Each engine's last checkpoint is restarted from: timed in its parts, and the steps after
+    the restart had the uninterrupted run's losses, bit for bit."""
+    run_dir, _, _ = tiny_run
+    ck = pd.read_csv(Path(run_dir) / loop.CKPTS_CSV)
+    timed = ck[~ck["warmup"]]
+    assert set(timed["engine"]) == set(ENGINES[1:])
+    for _, g in timed.groupby("engine"):
+        last, earlier = g.iloc[-1], g.iloc[:-1]
+        restart = ["restart_s", "restart_load_s", "restart_first_step_s", "restart_loss_match"]
+        assert earlier[restart].isna().all().all()  # only the last checkpoint is restarted from
+        assert bool(last["restart_loss_match"]) is True
+        assert last["restart_load_s"] > 0 and last["restart_first_step_s"] > 0
+        assert last["restart_s"] >= last["restart_load_s"] + last["restart_first_step_s"]
+    assert ck.loc[ck["warmup"], "restart_s"].isna().all()
+
+
+def _trainer(steps: int) -> tuple[Any, list[float]]:
+    from bench.run.training.model import Trainer
+
+    cfg = training.from_dict(tiny(Path("unused")))
+    tr = Trainer(cfg, torch.device("cpu"))
+    return tr, [tr.step() for _ in range(steps)]
+
+
+def test_a_restart_continues_the_run_bit_for_bit_even_from_string_keys() -> None:
+    """A fresh trainer given a saved state and the token stream's position trains on with the
+    uninterrupted run's losses; the optimizer's parameter indices as dcp gives them back
+    (strings) are restored too. Planted: without the optimizer's state the second step differs."""
+    from bench.run.training.model import Trainer
+
+    tr, _ = _trainer(3)
+    saved, data = loop.clone_state(tr.state()), tr.gen.get_state()
+    after = [tr.step() for _ in range(2)]
+    loose = loop.clone_state(saved)
+    loose["optim"]["state"] = {str(k): v for k, v in loose["optim"]["state"].items()}
+    for state in (saved, loose):
+        fresh = Trainer(tr.cfg, torch.device("cpu"))
+        fresh.gen.set_state(data)
+        fresh.load_state(state)
+        assert [fresh.step(), fresh.step()] == after
+    fresh = Trainer(tr.cfg, torch.device("cpu"))
+    fresh.gen.set_state(data)
+    fresh.model.load_state_dict(saved["model"])  # the model only: AdamW starts afresh
+    first, second = fresh.step(), fresh.step()
+    assert first == after[0] and second != after[1]
 
 
 def test_last_checkpoint_loads_back_bit_exact(tiny_run: tuple) -> None:
