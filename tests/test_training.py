@@ -429,6 +429,14 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     assert "> **HOST-EMULATED run (no GPU)" in md
     assert "![Figure 6](training_stall.png)" in md
     assert "| gds [emulated] | 3 |" in md
+    # the restart table: one row per engine, its parts and the losses' match
+    head = "| engine | restart s | of it load s | load_state_dict s | first step s | losses match |"
+    assert head in md
+    table = md.split(head)[1].split("\n\n")[0]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r]
+    names = sorted(r.split(" | ")[0][2:].split(" [")[0] for r in rows)
+    assert names == ["cpu-single", "gds", "torch-save"]
+    assert all(r.endswith("| yes |") for r in rows)
     assert "Is GDS worth it" not in md  # no harness rows: only the training section
     assert rep.summary_text.splitlines()[0].startswith("engine")
 
