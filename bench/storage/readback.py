@@ -402,9 +402,9 @@ def _in_place(
             copies.finish()
     hashes.check()
     if check and m.checksums:
-        for e, f in zip(m.tensors, flat, strict=True):
-            if f is not None and e.xxh3 is None:
-                layout.check_entry(targets, m, e, f)
-    for d, f, e in gathered:
-        d.copy_(layout.typed(f, e))
+        for e, mem in zip(m.tensors, flat, strict=True):
+            if mem is not None and e.xxh3 is None:
+                layout.check_entry(targets, m, e, mem)
+    for d, g, e in gathered:
+        d.copy_(layout.typed(g, e))
     return into
