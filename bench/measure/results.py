@@ -230,6 +230,12 @@ class Row:
         None,
         ranks="sum",
     )
+    restore_cached_bytes: int | None = column(
+        "Bytes of the checkpoint's files in the page cache right after the restore (mincore): "
+        "the page cache the restore left behind (0: read with O_DIRECT, or dropped).",
+        None,
+        ranks="sum",
+    )
     restore_into: str | None = column(
         "`fresh` (new memory, compared byte for byte with the source) or `in-place` (into the "
         "state's own tensors, checked against fingerprints of the source taken before the save).",
