@@ -1117,7 +1117,10 @@ def test_cpu_single_restores_to_the_device_through_its_staging_ring(
     staging, each chunk's host-to-device copy queued (its slot reused only once the copy's event
     is waited on: the fake runs a copy no earlier), into one device buffer; in place into device
     tensors, a strided one included; a flipped byte is caught, naming tensor and file."""
-    eng = make_engine("cpu-single", targets(2), device="cuda", chunk_bytes="8KiB")
+    # 2 reads in flight per target: a ring of 2 x 2 + 1 chunks, within the staging it reuses
+    eng = make_engine(
+        "cpu-single", targets(2), device="cuda", chunk_bytes="8KiB", read_threads_per_target=2
+    )
     state = sample_state()
     eng.save(state, "ckpt").wait()
     pinned = fake_cudart.locked_bytes

@@ -283,8 +283,8 @@ class StripedEngine:
         return None
 
     def _read_threads(self) -> int:
-        """O_DIRECT reads in flight on a restore: as many as the writes of a save."""
-        return self.options.threads_per_target * len(self.targets)
+        """O_DIRECT reads in flight on a restore through bench.storage.readback."""
+        raise NotImplementedError
 
     def _read_ring(self, packed: readback.Packed) -> np.ndarray:
         """Aligned host memory (pinned on CUDA) for a restore through a ring of chunks."""
@@ -542,7 +542,7 @@ class SnapshotEngine(StripedEngine):
         # the packed stream (host, or device on CUDA, through a ring of chunks); in place,
         # through that ring. The ring is the staging, grown where it is smaller.
         stream = size.nbytes + size.tensors * layout.TENSOR_ALIGN
-        slots = options.threads_per_target * size.targets + 1
+        slots = options.read_threads_per_target * size.targets + 1
         ring = max(0, ring_bytes(stream, options.chunk_bytes, slots) - staging)
         return MemoryPlan(
             staging=staging,
@@ -552,6 +552,10 @@ class SnapshotEngine(StripedEngine):
             restore_device=stream if size.cuda else 0,
             in_place_host=ring,
         )
+
+    def _read_threads(self) -> int:
+        """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""
+        return int(self.options.read_threads_per_target) * len(self.targets)
 
     def _readback(self, m: manifest.Manifest) -> readback.Packed | None:
         """cpu-single (O_DIRECT) reads its packed stream back with O_DIRECT; cpu-double reads
