@@ -87,7 +87,7 @@ def ceiling_lines(env: dict[str, Any]) -> list[str]:
     for n in sorted(c.counts):
         parts = [
             f"{kind.label} {_gb(c, after, kind, n)}"
-            + (f" ({m.writers.describe()})" if m.writers else "")
+            + (f" ({kind.describe(m)})" if m.writers else "")
             for kind, at, m in c.measured()
             if at == n
         ]

@@ -606,6 +606,7 @@ class FakeCuda:
 
     segments: list[torch.Tensor] = field(default_factory=list)
     _open: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)  # pool -> (seg, used)
+    copiers: list[FakeDeviceCopies] = field(default_factory=list)  # one per restore to the device
 
     def empty(self, nbytes: int, device: Any = None) -> torch.Tensor:
         size = max(-(-nbytes // 512) * 512, 512)
@@ -688,12 +689,64 @@ class FakeCuda:
         monkeypatch.setattr(gds.cuda, "allocation_of", self.allocation_of_tensor)
         monkeypatch.setattr(gds.cuda, "device_empty", lambda n, dev: self.empty(n))
         monkeypatch.setattr(gds.cuda, "to_device", lambda t, dev: self.to(t))
+        from bench.storage import readback
+
+        def copies(dev: Any) -> FakeDeviceCopies:
+            self.copiers.append(FakeDeviceCopies(self))
+            return self.copiers[-1]
+
+        monkeypatch.setattr(readback, "device_copies", copies)
+        monkeypatch.setattr(readback, "on_device", self.is_device)
         real = striped.detect
         device = Device("cuda", torch.device("cpu"))
         monkeypatch.setattr(
             striped, "detect", lambda req="auto": device if req == "cuda" else real(req)
         )
         return self
+
+
+class _FakeEvent:
+    def __init__(self, wait: Callable[[], None]) -> None:
+        self._wait = wait
+
+    def synchronize(self) -> None:
+        self._wait()
+
+
+class FakeDeviceCopies:
+    """bench.storage.readback.DeviceCopies over fake device memory. A copy is queued, and runs
+    only when an event recorded after it is waited on, or at `finish` (as a stream runs it
+    later): a ring slot read into again before its copy's event was waited on would change
+    what that copy delivers, and the restored bytes show it."""
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda = cuda
+        self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.done = 0
+        self.events = 0
+        self._lock = threading.Lock()
+
+    def empty(self, nbytes: int) -> torch.Tensor:
+        return self.cuda.empty(nbytes)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        with self._lock:
+            self.queue.append((dst, src))
+
+    def _run(self, upto: int) -> None:
+        with self._lock:
+            for dst, src in self.queue[self.done : upto]:
+                dst.copy_(src)
+            self.done = max(self.done, upto)
+
+    def record(self) -> _FakeEvent:
+        with self._lock:
+            mark = len(self.queue)
+            self.events += 1
+        return _FakeEvent(lambda: self._run(mark))
+
+    def finish(self) -> None:
+        self._run(len(self.queue))
 
 
 class FakeCudart:

@@ -298,7 +298,8 @@ def test_every_kind_is_kept_judged_shown_and_checked_for_drift(kind: Kind) -> No
     lines = summary.ceiling_lines(env)
     assert any(f"{kind.label} 2.00 / 1.00 GB/s" in ln for ln in lines), lines
     (report,) = [v for k, v in env_rows(env) if k == "device ceilings"]
-    assert f"{kind.label} 2.00 GB/s (runs 2.00 1.80 GB/s, 2 writer(s), depth 4)" in report
+    workers = "reader" if kind.reads else "writer"
+    assert f"{kind.label} 2.00 GB/s (runs 2.00 1.80 GB/s, 2 {workers}(s), depth 4)" in report
     moved = (
         f"{kind.name.replace('_', ' ')} ceiling of 1 target(s) moved from 2.00 GB/s before the "
         "sweep to 1.00 GB/s after"

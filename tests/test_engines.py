@@ -525,6 +525,36 @@ def test_persisting_goes_on_after_save_returns(make_engine, targets, monkeypatch
     assert result.persist_s >= gate.opened_at - t_return
 
 
+def _file_mappings(paths: list[str]) -> list[tuple[int, int]]:
+    """Address ranges of this process that map any of `paths` (/proc/self/maps)."""
+    real = {os.path.realpath(p) for p in paths}
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and os.path.realpath(parts[5]) in real:
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            out.append((lo, hi))
+    return out
+
+
+@pytest.mark.parametrize("engine", ["torch-save", "safetensors", "dcp"])
+def test_a_fresh_baseline_restore_owns_its_memory(make_engine, targets, engine):
+    """A fresh restore of a baseline has read every byte when load() returns: its tensors live
+    in the process's own memory, none in a mapping of the checkpoint's files (a lazily mapped
+    tensor would leave the reading to its first touch, after the timed restore)."""
+    state = {f"w{i}": random_tensor((MiB,), torch.float32, seed=30 + i) for i in range(3)}
+    want = clone_tree(state)
+    eng = make_engine(engine, targets(1))
+    eng.save(state, "ckpt").wait()
+    files = eng.cached_files("ckpt")
+    loaded = eng.load("ckpt")
+    maps = _file_mappings(files)
+    for k, t in loaded.items():
+        p = t.untyped_storage().data_ptr()
+        assert not any(lo <= p < hi for lo, hi in maps), f"{engine}: {k} is a file mapping"
+    assert_same(loaded, want)
+
+
 @pytest.mark.parametrize("engine", ["gds", "torch-save", "safetensors"])
 def test_a_durable_stall_returns_with_the_checkpoint_committed(make_engine, targets, engine):
     """The engines whose stall is the durable write: when save() returns, nothing is left in

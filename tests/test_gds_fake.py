@@ -1108,3 +1108,45 @@ def test_the_writes_wait_for_the_stream_that_made_the_state(
         assert "write" not in order and result.gds_mode == "gds"
     assert_same_state(eng.load("ckpt"), state)
     eng.close()  # its pinned bounce buffers, while the fake CUDA runtime is still in place
+
+
+def test_cpu_single_restores_to_the_device_through_its_staging_ring(
+    make_engine, targets, fake_cuda, fake_cudart
+):
+    """cpu-single restores to a CUDA device with O_DIRECT chunk by chunk through its pinned
+    staging, each chunk's host-to-device copy queued (its slot reused only once the copy's event
+    is waited on: the fake runs a copy no earlier), into one device buffer; in place into device
+    tensors, a strided one included; a flipped byte is caught, naming tensor and file."""
+    # 2 reads in flight per target: a ring of 2 x 2 + 1 chunks, within the staging it reuses
+    eng = make_engine(
+        "cpu-single", targets(2), device="cuda", chunk_bytes="8KiB", read_threads_per_target=2
+    )
+    state = sample_state()
+    eng.save(state, "ckpt").wait()
+    pinned = fake_cudart.locked_bytes
+    got = eng.load("ckpt", device="cuda")
+    assert_same_state(got, state)
+    assert all(fake_cuda.is_device(t) for t in got.values() if t.numel())
+    (copies,) = fake_cuda.copiers
+    chunks = -(-sum(t.numel() * t.element_size() for t in state.values()) // 8192)
+    assert len(copies.queue) == chunks and copies.events == chunks
+    assert fake_cudart.locked_bytes == pinned  # the ring is the staging, pinned once
+    dev = fake_cuda.to_device(state)
+    assert not dev["wt"].is_contiguous()
+    for t in dev.values():
+        t.zero_()
+    assert eng.load("ckpt", into=dev) is dev
+    assert_same_state(dev, state)
+    assert len(fake_cuda.copiers) == 2 and fake_cuda.copiers[1].queue
+    m = read_manifest(eng.targets)
+    t, off, _ = m["tensors"][0]["extents"][0]
+    path = os.path.join(eng.targets[t], "ckpt", m["files"][str(t)]["file"])
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)[0]
+        f.seek(off)
+        f.write(bytes([b ^ 1]))
+    with pytest.raises(ChecksumError, match=rf"tensor state\['w'\] does not match .*{path}"):
+        eng.load("ckpt", device="cuda")
+    eng.close()  # before the fake runtime goes
+    assert fake_cudart.locked == {}

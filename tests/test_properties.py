@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from bench.common.errors import ChecksumError, UserError
-from bench.storage import checksums, generations, layout, manifest, odirect, tree
+from bench.storage import checksums, generations, layout, manifest, odirect, readback, tree
 
 # The deadline is off: a busy machine must not fail an example for being slow. `make mutate`
 # runs these tests once per mutant and only asks whether one fails: its profile (chosen by
@@ -376,6 +377,142 @@ def test_pieces_written_to_files_read_back(
     finally:
         del mems
         buf.close()
+
+
+def packed_checkpoint(
+    d: Path, nbytes: list[int], chunk: int, n: int, seed: int
+) -> tuple[list[str], manifest.Manifest, list[bytes]]:
+    """A packed checkpoint written as the snapshot engines write it (O_DIRECT pieces, each file
+    then truncated to its length), with xxh3 checksums; its targets, manifest and tensor bytes."""
+    targets = []
+    for t in range(n):
+        td = d / f"t{t}"
+        shutil.rmtree(td, ignore_errors=True)
+        (td / "ckpt").mkdir(parents=True)
+        targets.append(str(td))
+    entries = entries_of(nbytes)
+    offsets, used = layout.pack_offsets(entries)
+    buf = odirect.HostBuffer(used, prefault=False)
+    try:
+        buf.array[:] = np.random.default_rng(seed).integers(0, 256, buf.array.size, dtype=np.uint8)
+        pieces, file_bytes = layout.packed(buf.array, used, entries, offsets, n, chunk)
+        for t, size in file_bytes.items():
+            fd = os.open(
+                layout.data_file(targets, "ckpt", t, "0" * 16),
+                os.O_WRONLY | os.O_CREAT | os.O_DIRECT,
+                0o644,
+            )
+            try:
+                for p in pieces:
+                    if p.target == t:
+                        layout.write_piece(fd, p, True)
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        data = [bytes(buf.array[o : o + b]) for o, b in zip(offsets, nbytes, strict=True)]
+        for e, b in zip(entries, data, strict=True):
+            e.xxh3 = checksums.checksum(b)
+    finally:
+        buf.close()
+    m = manifest.Manifest(
+        name="ckpt",
+        engine="test",
+        targets=targets,
+        files={
+            t: {"file": manifest.data_file_name(t, "0" * 16), "bytes": b}
+            for t, b in file_bytes.items()
+        },
+        tensors=entries,
+        tree=None,
+        checksums=True,
+        payload_bytes=sum(nbytes),
+        save_id="0" * 16,
+        extra={"chunk_bytes": chunk, "o_direct": True},
+    )
+    return targets, m, data
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.integers(0, 5 * 8192 + 100), min_size=1, max_size=8),
+    chunks,
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.sampled_from(["uint8", "int16", "float32", "bfloat16", "float64"]),
+)
+def test_o_direct_readback_round_trips_the_packed_layout(
+    disk: Path, nbytes: list[int], chunk: int, n: int, slots: int, dtype: str
+) -> None:
+    """bench.storage.readback over real files: the packed layout (tensors crossing chunk and
+    target boundaries, empty ones, odd sizes, a short last chunk) read with O_DIRECT into new
+    memory and in place (through a ring of 1 to 4 chunks), bit for bit; the bytes as the
+    tensors' dtype."""
+    size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    nbytes = [b // size * size for b in nbytes]
+    targets, m, data = packed_checkpoint(disk, nbytes, chunk, n, sum(nbytes) + chunk + n)
+    for e, b in zip(m.tensors, nbytes, strict=True):
+        e.dtype, e.shape = dtype, [b // size]
+    p = readback.packing(m)
+    assert p is not None and p.used == layout.pack_offsets(m.tensors)[1]
+    got = readback.read_packed(targets, m, p, threads=3)
+    for g, want in zip(got, data, strict=True):
+        assert g.dtype == getattr(torch, dtype)
+        assert bytes(g.contiguous().view(torch.uint8).numpy()) == want
+    # in place, through a ring (a checkpoint of one chunk needs only that chunk)
+    ring = odirect.HostBuffer(slots * chunk)
+    into = [torch.zeros(b // size, dtype=getattr(torch, dtype)) for b in nbytes]
+    try:
+        readback.read_packed(targets, m, p, threads=2, ring=ring.array, into=into)
+    finally:
+        ring.close()
+    for g, want in zip(into, data, strict=True):
+        assert bytes(g.view(torch.uint8).numpy()) == want
+    assert not [f for f in _open_files() if "/ckpt/data-" in f]  # every file closed
+
+
+def test_o_direct_readback_checks_what_it_read(disk: Path) -> None:
+    """A flipped byte is caught fresh and in place, naming the tensor and its file; without the
+    check the bytes come back as they are on the disk; a truncated or missing file is the same
+    UserError as `check_files` gives; another layout is not read as packed."""
+    nbytes = [5000, 3 * 4096 + 7, 0, 9000]
+    targets, m, data = packed_checkpoint(disk / "flip", nbytes, 4096, 2, 3)
+    p = readback.packing(m)
+    assert p is not None
+    t, off, _ = m.tensors[1].extents[1]
+    path = layout.data_path(targets, m, t)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        byte = f.read(1)[0]
+        f.seek(off)
+        f.write(bytes([byte ^ 0x10]))
+    files = ", ".join(sorted({layout.data_path(targets, m, x[0]) for x in m.tensors[1].extents}))
+    says = rf"tensor state\[1\] does not match its checksum \(file {re.escape(files)}\)"
+    with pytest.raises(ChecksumError, match=says):
+        readback.read_packed(targets, m, p, threads=2)
+    ring = odirect.HostBuffer(2 * 4096)
+    into = [torch.zeros(b, dtype=torch.uint8) for b in nbytes]
+    try:
+        with pytest.raises(ChecksumError, match=says):
+            readback.read_packed(targets, m, p, threads=2, ring=ring.array, into=into)
+        got = readback.read_packed(targets, m, p, threads=2, check=False)
+        flipped = bytearray(data[1])
+        flipped[4096 - 5056 % 4096] ^= 0x10  # its second extent starts at the next chunk
+        assert bytes(got[1].numpy()) == bytes(flipped)
+        # truncated, then missing: the messages of check_files
+        size = os.path.getsize(path)
+        os.truncate(path, size - 1)
+        with pytest.raises(UserError, match=rf"is truncated \({size - 1} of {size} bytes\)"):
+            readback.read_packed(targets, m, p, threads=2, ring=ring.array, into=into)
+        os.unlink(path)
+        with pytest.raises(UserError, match=f"data file {re.escape(path)} is missing"):
+            readback.read_packed(targets, m, p, threads=2)
+    finally:
+        ring.close()
+    # extents not where the packed layout puts them (gds's direct layout): not packed
+    m.tensors[3].extents[0][1] += 1
+    assert readback.packing(m) is None
+    m.extra = {}
+    assert readback.packing(m) is None
 
 
 def _open_files() -> list[str]:

@@ -206,6 +206,10 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
         else:
             assert n == 1 and int(r["targets_used"]) == 1, where
             assert r["checksums"] == "False"
+        if e == "cpu-single":  # read back with O_DIRECT: nothing left in the page cache
+            assert 0 <= int(r["restore_cached_bytes"]) < 8 * MiB // 100, where
+        elif e == "cpu-double":  # read back through the page cache, which keeps it
+            assert int(r["restore_cached_bytes"]) > 8 * MiB // 2, where
         if e in ("cpu-single", "cpu-double"):
             assert int(r["pinned_bytes"]) >= 8 * MiB, where
         elif e == "dcp":  # its cached staging: one host copy of the state, kept across saves
@@ -292,6 +296,13 @@ def test_what_a_save_leaves_in_the_page_cache(make_engine: Any, targets: Any, en
         assert resident > 0
     measure.evict_files(files)
     assert measure.resident_bytes(files) == 0  # what restore_phase relies on
+    # and a restore: cpu-single reads with O_DIRECT (< 1 % of the files left in the page
+    # cache), cpu-double through the page cache
+    for into in (None, state):
+        eng.load("c", **({"into": into} if into is not None else {}))
+        resident = measure.resident_bytes(files)
+        assert resident < size // 100 if engine == "cpu-single" else resident > size // 2
+        measure.evict_files(files)
 
 
 # -- failed cases ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 from conftest import scratch_base
 
@@ -234,6 +235,54 @@ def test_checkpoint_rows(tiny_run: tuple) -> None:
     assert (during["step"] > during["persist_of_step"]).all()
 
 
+def test_restart_from_the_last_checkpoint(tiny_run: tuple) -> None:
+    """Each engine's last checkpoint is restarted from: timed in its parts, and the steps after
+    the restart had the uninterrupted run's losses, bit for bit."""
+    run_dir, _, _ = tiny_run
+    ck = pd.read_csv(Path(run_dir) / loop.CKPTS_CSV)
+    timed = ck[~ck["warmup"]]
+    assert set(timed["engine"]) == set(ENGINES[1:])
+    for _, g in timed.groupby("engine"):
+        last, earlier = g.iloc[-1], g.iloc[:-1]
+        restart = ["restart_s", "restart_load_s", "restart_first_step_s", "restart_loss_match"]
+        assert earlier[restart].isna().all().all()  # only the last checkpoint is restarted from
+        assert bool(last["restart_loss_match"]) is True
+        assert last["restart_load_s"] > 0 and last["restart_first_step_s"] > 0
+        assert last["restart_s"] >= last["restart_load_s"] + last["restart_first_step_s"]
+    assert ck.loc[ck["warmup"], "restart_s"].isna().all()
+
+
+def _trainer(steps: int) -> tuple[Any, list[float]]:
+    from bench.run.training.model import Trainer
+
+    cfg = training.from_dict(tiny(Path("unused")))
+    tr = Trainer(cfg, torch.device("cpu"))
+    return tr, [tr.step() for _ in range(steps)]
+
+
+def test_a_restart_continues_the_run_bit_for_bit_even_from_string_keys() -> None:
+    """A fresh trainer given a saved state and the token stream's position trains on with the
+    uninterrupted run's losses; the optimizer's parameter indices as dcp gives them back
+    (strings) are restored too. Planted: without the optimizer's state the second step differs."""
+    from bench.run.training.model import Trainer
+
+    tr, _ = _trainer(3)
+    saved, data = loop.clone_state(tr.state()), tr.gen.get_state()
+    after = [tr.step() for _ in range(2)]
+    loose = loop.clone_state(saved)
+    loose["optim"]["state"] = {str(k): v for k, v in loose["optim"]["state"].items()}
+    for state in (saved, loose):
+        fresh = Trainer(tr.cfg, torch.device("cpu"))
+        fresh.gen.set_state(data)
+        fresh.load_state(state)
+        assert [fresh.step(), fresh.step()] == after
+    fresh = Trainer(tr.cfg, torch.device("cpu"))
+    fresh.gen.set_state(data)
+    fresh.model.load_state_dict(saved["model"])  # the model only: AdamW starts afresh
+    first, second = fresh.step(), fresh.step()
+    assert first == after[0] and second != after[1]
+
+
 def test_last_checkpoint_loads_back_bit_exact(tiny_run: tuple) -> None:
     run_dir, clones, info = tiny_run
     ck = pd.read_csv(Path(run_dir) / loop.CKPTS_CSV)
@@ -380,6 +429,14 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     assert "> **HOST-EMULATED run (no GPU)" in md
     assert "![Figure 6](training_stall.png)" in md
     assert "| gds [emulated] | 3 |" in md
+    # the restart table: one row per engine, its parts and the losses' match
+    head = "| engine | restart s | of it load s | load_state_dict s | first step s | losses match |"
+    assert head in md
+    table = md.split(head)[1].split("\n\n")[0]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r]
+    names = sorted(r.split(" | ")[0][2:].split(" [")[0] for r in rows)
+    assert names == ["cpu-single", "gds", "torch-save"]
+    assert all(r.endswith("| yes |") for r in rows)
     assert "Is GDS worth it" not in md  # no harness rows: only the training section
     assert rep.summary_text.splitlines()[0].startswith("engine")
 

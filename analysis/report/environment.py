@@ -17,7 +17,7 @@ def _ceilings_text(c: Ceilings) -> str:
     for kind, n, m in c.measured():
         where = f"{n} target(s): " if n is not None else ""
         detail = [f"runs {' '.join(f'{r / 1e9:.2f}' for r in m.runs)} GB/s"] if m.runs else []
-        detail += [m.writers.describe()] if m.writers else []
+        detail += [kind.describe(m)] if m.writers else []
         parts.append(
             f"{where}{kind.label} {m.Bps / 1e9:.2f} GB/s"
             + (f" ({', '.join(detail)})" if detail else "")

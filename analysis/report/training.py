@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
+
 from analysis import stats, training
 from analysis.report.captions import CAPTIONS
 from analysis.report.doc import Doc
@@ -53,4 +55,47 @@ def training_section(d: Doc, tr: training.TrainingRun) -> None:
     for note in training.drift_notes(table):
         d.p(f"Note: {note}.")
     d.table(*training.summary_rows(table))
+    restart = restart_rows(tr)
+    if restart[1]:
+        d.p(
+            "The restart, from a failure to the first training step after the load: the last "
+            "checkpoint loaded with the page cache dropped, load_state_dict into a fresh model "
+            "and optimizer (built before the clock starts), and one training step, device "
+            "synchronised; the harness's clock, one restart per engine. `losses match`: the "
+            "first steps after it had the uninterrupted run's losses, bit for bit."
+        )
+        d.table(*restart)
     d.img("training_stall.png", CAPTIONS["training_stall"])
+
+
+def restart_rows(tr: training.TrainingRun) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the restart table: one row per engine whose last checkpoint was
+    restarted from (training_checkpoints.csv `restart_*`); none for a run written before."""
+    headers = [
+        "engine",
+        "restart s",
+        "of it load s",
+        "load_state_dict s",
+        "first step s",
+        "losses match",
+    ]
+    c = tr.ckpts
+    rows = []
+    for e in tr.engines:
+        r = c[(c["engine"] == e) & c["restart_s"].notna()]
+        if r.empty:
+            continue
+        x = r.iloc[-1]
+        apply_s = x["restart_s"] - x["restart_load_s"] - x["restart_first_step_s"]
+        match = x["restart_loss_match"]
+        rows.append(
+            [
+                tr.label(e),
+                stats.fmt(x["restart_s"]),
+                stats.fmt(x["restart_load_s"]),
+                stats.fmt(apply_s),
+                stats.fmt(x["restart_first_step_s"]),
+                "-" if pd.isna(match) else ("yes" if match else "NO"),
+            ]
+        )
+    return headers, rows

@@ -181,6 +181,9 @@ class Dcp(BaselineEngine):
         )
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
+        """DCP's own load: fresh, into tensors it allocates from the checkpoint's metadata (as
+        fast as dcp.load into a state of those shapes made beforehand: scripts/peer_loaders.py),
+        then to the device; in place, dcp.load into the state's own tensors."""
         from torch.distributed.checkpoint.state_dict_loader import (
             _load_state_dict_from_keys,
         )

@@ -8,10 +8,13 @@ then fsync of the file and the directory. Synchronous: the stall is the whole du
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
-import struct
+from functools import cache
 from typing import Any
+
+import torch
 
 from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize
@@ -63,39 +66,44 @@ class Safetensors(BaselineEngine):
     @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
         """save_file writes from the tensors' memory (measured: no copy of the state on the
-        host); the restore reads the whole file into memory and builds the tensors from it
-        (twice the state); in place, each tensor is taken from the mapped file (safe_open) and
-        copied into the state's."""
+        host); the restore reads the file into the new tensors (to a GPU through the mapped
+        file, a tensor at a time: its pages are page cache, which the kernel reclaims); in
+        place, each tensor is taken from the mapped file (safe_open) and copied into the
+        state's."""
         base = super().memory_plan(size, options)
         return MemoryPlan(
             save=size.nbytes if size.cuda else 0,  # not measured on CUDA: the whole state
             page_cache=base.page_cache,
-            restore_host=2 * size.nbytes,
+            restore_host=size.largest if size.cuda else size.nbytes,
             restore_device=base.restore_device,
             in_place_host=size.largest,
         )
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
-        """Read the whole file and build the tensors from it, as torch.load does: safe_open would
-        map the file and leave the reading to whoever touches the tensors later, outside the
-        timed restore. `into`: each tensor taken from the mapped file and copied into the
-        state's at once, inside the timed restore."""
-        import torch
-        from safetensors.torch import load
+        """safetensors' own `load_file(path, device=...)`, fully read before it returns: to a
+        GPU the library copies every tensor from the mapped file onto the device (the reads
+        happen inside those copies); to the host with `backend="pread"`, which reads the bytes
+        into the tensors' own memory, where the default mapping would leave the reading to
+        whoever touches the tensors later, outside the timed restore (measured against reading
+        the whole file and `load(bytes)`, and against the mapping copied out:
+        scripts/peer_loaders.py). `into`: each tensor taken from the mapped file and copied
+        into the state's at once, inside the timed restore."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
 
         if into is not None:
             return self._load_into(name, into)
 
-        with open(os.path.join(self.current_dir(name), FILE), "rb") as f:
-            data = f.read()
-        (n,) = struct.unpack("<Q", data[:8])
-        tree = json.loads(json.loads(data[8 : 8 + n])["__metadata__"][TREE_KEY])
-        flat = load(data)
-        del data
-        tensors = [flat[f"t{i}"] for i in range(len(flat))]
+        path = os.path.join(self.current_dir(name), FILE)
+        with safe_open(path, framework="pt", device="cpu") as f:
+            tree = json.loads(f.metadata()[TREE_KEY])
         if torch.device(device).type != "cpu":
-            tensors = [t.to(device) for t in tensors]
-        return unflatten(tree, tensors)
+            flat = load_file(path, device=device)
+        elif _has_pread():
+            flat = load_file(path, device="cpu", backend="pread")
+        else:  # an older safetensors: the mapping's tensors copied out, every byte read
+            flat = {k: t.clone() for k, t in load_file(path, device="cpu").items()}
+        return unflatten(tree, [flat[f"t{i}"] for i in range(len(flat))])
 
     def _load_into(self, name: str, into: Any) -> Any:
         from safetensors import safe_open
@@ -106,3 +114,11 @@ class Safetensors(BaselineEngine):
         with safe_open(path, framework="pt", device="cpu") as f:
             keys = sorted(f.keys(), key=lambda k: int(k[1:]))
             return load_into(into, (f.get_tensor(k) for k in keys), len(keys))
+
+
+@cache
+def _has_pread() -> bool:
+    """safetensors' loaders take `backend="pread"` (newer releases)."""
+    from safetensors.torch import load_file
+
+    return "backend" in inspect.signature(load_file).parameters

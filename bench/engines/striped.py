@@ -42,7 +42,7 @@ from bench.engines.base import (
 )
 from bench.engines.stripes import Job, StripeWriter
 from bench.measure.detail import SnapshotDetail
-from bench.storage import checksums, generations, layout, manifest, odirect
+from bench.storage import checksums, generations, layout, manifest, odirect, readback
 from bench.storage.plan import SavePlan, walk
 from bench.storage.staging import COPY_PIECE, Staging, copy_tasks, run_copies
 from bench.storage.tree import flatten, unflatten
@@ -232,8 +232,21 @@ class StripedEngine:
         m = generations.read(self.targets, name)
         if into is not None:
             return self._load_into(m, into, checksums)
-        tensors = layout.read_tensors(self.targets, m, check=checksums)
         dev = torch.device(device)
+        packed = self._readback(m)
+        if packed is not None:
+            ring = self._read_ring(packed) if dev.type != "cpu" else None
+            tensors = readback.read_packed(
+                self.targets,
+                m,
+                packed,
+                threads=self._read_threads(),
+                check=checksums,
+                device=dev,
+                ring=ring,
+            )
+            return unflatten(m.tree, tensors)
+        tensors = layout.read_tensors(self.targets, m, check=checksums)
         if dev.type != "cpu":
             tensors = [t.to(dev) for t in tensors]
         return unflatten(m.tree, tensors)
@@ -243,6 +256,18 @@ class StripedEngine:
         straight into their memory, the others one at a time through host memory."""
         dst = [t for _, t in flatten(into)[1]]
         check_into(m, dst)
+        packed = self._readback(m)
+        if packed is not None:
+            readback.read_packed(
+                self.targets,
+                m,
+                packed,
+                threads=self._read_threads(),
+                check=checksums,
+                ring=self._read_ring(packed),
+                into=dst,
+            )
+            return into
         direct = [i for i, t in enumerate(dst) if t.device.type == "cpu" and t.is_contiguous()]
         if direct:
             flat = [dst[i].detach().reshape(-1).view(torch.uint8) for i in direct]
@@ -251,6 +276,19 @@ class StripedEngine:
             (src,) = layout.read_tensors(self.targets, m, only=[i], check=checksums)
             dst[i].copy_(src)
         return into
+
+    def _readback(self, m: manifest.Manifest) -> readback.Packed | None:
+        """The packed layout of `m` where this engine restores it with O_DIRECT
+        (bench.storage.readback); None: through the page cache (`layout.read_tensors`)."""
+        return None
+
+    def _read_threads(self) -> int:
+        """O_DIRECT reads in flight on a restore through bench.storage.readback."""
+        raise NotImplementedError
+
+    def _read_ring(self, packed: readback.Packed) -> np.ndarray:
+        """Aligned host memory (pinned on CUDA) for a restore through a ring of chunks."""
+        raise NotImplementedError
 
     def check(self, name: str, state: Any) -> None:
         """Check a restored state's tensors against the checksums of `name`'s manifest."""
@@ -360,6 +398,15 @@ def _split(idx: list[int], nbytes: list[int], parts: int) -> list[list[int]]:
         out[-1].append(i)
         acc += nbytes[i]
     return [run for run in out if run]
+
+
+def ring_bytes(used: int, chunk: int, slots: int) -> int:
+    """Bytes of a restore's ring of `slots` chunks for a packed stream of `used` bytes: no more
+    chunks than the stream has, and one short chunk rounded up to a block."""
+    chunks = -(-used // chunk)
+    if chunks <= 1:
+        return odirect.align_up(max(used, 1))
+    return min(slots, chunks) * chunk
 
 
 @dataclass
@@ -480,15 +527,51 @@ class SnapshotEngine(StripedEngine):
         pinned on CUDA; cpu-double's writes fill the page cache with the state."""
         packed = size.nbytes + size.tensors * odirect.ALIGN
         k = options.staging_chunks
+        staging = min(packed, k * options.chunk_bytes) if k else packed
         base = super().memory_plan(size, options)
+        if not cls.traits.o_direct:
+            return MemoryPlan(
+                staging=staging,
+                pinned=size.cuda,
+                page_cache=size.nbytes if cls.traits.page_cache else 0,
+                restore_host=base.restore_host,
+                restore_device=base.restore_device,
+                in_place_host=base.in_place_host,
+            )
+        # The O_DIRECT restore (bench.storage.readback): into new memory, one buffer laid out as
+        # the packed stream (host, or device on CUDA, through a ring of chunks); in place,
+        # through that ring. The ring is the staging, grown where it is smaller.
+        stream = size.nbytes + size.tensors * layout.TENSOR_ALIGN
+        slots = options.read_threads_per_target * size.targets + 1
+        ring = max(0, ring_bytes(stream, options.chunk_bytes, slots) - staging)
         return MemoryPlan(
-            staging=min(packed, k * options.chunk_bytes) if k else packed,
+            staging=staging,
             pinned=size.cuda,
             page_cache=size.nbytes if cls.traits.page_cache else 0,
-            restore_host=base.restore_host,
-            restore_device=base.restore_device,
-            in_place_host=base.in_place_host,
+            restore_host=ring if size.cuda else stream,
+            restore_device=stream if size.cuda else 0,
+            in_place_host=ring,
         )
+
+    def _read_threads(self) -> int:
+        """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""
+        return int(self.options.read_threads_per_target) * len(self.targets)
+
+    def _readback(self, m: manifest.Manifest) -> readback.Packed | None:
+        """cpu-single (O_DIRECT) reads its packed stream back with O_DIRECT; cpu-double reads
+        through the page cache, as it writes."""
+        return readback.packing(m) if self.traits.o_direct else None
+
+    def _read_ring(self, packed: readback.Packed) -> np.ndarray:
+        """The staging buffer as the ring of a restore to a device or in place: one slot per
+        read in flight and one being copied out (one slot for a single-chunk checkpoint); it
+        grows to that if smaller. Only once no save persists from it."""
+        self.wait_idle()
+        need = ring_bytes(packed.used, packed.chunk, self._read_threads() + 1)
+        if need > self.staging.capacity and self._packing is not None:
+            self._packing.unbind()  # no view may keep the old buffer's memory
+        self.staging.ensure(need)
+        return self.staging.array[:need]
 
     def _staging_need(self, used: int) -> int:
         k = self.options.staging_chunks

@@ -60,6 +60,11 @@ class TorchSave(BaselineEngine):
         )
 
     def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
+        """torch.load(weights_only=True), every byte read before it returns. Fresh: without
+        mmap (mmap would leave the reading to the tensors' first touch, after the timed restore,
+        and copying the mapping out took 1.8-2.4x as long: scripts/peer_loaders.py); to a GPU
+        through map_location. In place: mmap, each tensor copied from the mapping into the
+        state's (1.2-3.7x faster than reading it all first)."""
         path = os.path.join(self.current_dir(name), FILE)
         if into is not None:
             loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -514,7 +514,7 @@ def probe_bytes(checkpoint_bytes: int, min_bytes: int, max_bytes: int) -> int:
 Write = Callable[..., float]
 # fio_read or builtin_read: (files, file_bytes, block, direct, jobs, depth, seconds)
 Read = Callable[..., float]
-READS = (DIRECT_READ, BUFFERED_READ)
+READS = tuple(k for k in ceilings.KINDS if k.reads)
 
 
 @dataclass(frozen=True)

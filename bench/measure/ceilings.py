@@ -41,8 +41,8 @@ class Writers:
     jobs: int
     iodepth: int = 1
 
-    def describe(self) -> str:
-        return f"{self.jobs} writer(s)" + (f", depth {self.iodepth}" if self.iodepth > 1 else "")
+    def describe(self, worker: str = "writer") -> str:
+        return f"{self.jobs} {worker}(s)" + (f", depth {self.iodepth}" if self.iodepth > 1 else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"jobs": self.jobs, "iodepth": self.iodepth}
@@ -157,6 +157,11 @@ class Kind:
     # Where a measurement holds no run of its own of this kind, how the other kinds measured with
     # it give one (None: not at all).
     derive: Callable[[Mapping[Kind, Measured]], Measured | None] | None = None
+    reads: bool = False  # a storage kind that reads files back (its workers are readers)
+
+    def describe(self, m: Measured) -> str:
+        """How the measurement of this kind ran (workers, depth), or "" where it does not say."""
+        return m.writers.describe("reader" if self.reads else "writer") if m.writers else ""
 
     def __repr__(self) -> str:
         return f"Kind({self.name})"
@@ -185,9 +190,9 @@ BUFFERED_WRITE_1 = Kind(
 # The read ceilings: a restore through O_DIRECT (cpu-single, gds) against the first, one through
 # the page cache (cpu-double, the baselines' loaders) against the second, its file's pages
 # evicted first, as a restore after a restart finds them.
-DIRECT_READ = Kind("direct_read", "O_DIRECT read", True, "restore", _direct_path)
+DIRECT_READ = Kind("direct_read", "O_DIRECT read", True, "restore", _direct_path, reads=True)
 BUFFERED_READ = Kind(
-    "buffered_read", "buffered read, cold cache", True, "restore", _page_cache_path
+    "buffered_read", "buffered read, cold cache", True, "restore", _page_cache_path, reads=True
 )
 D2H = Kind("d2h", "device-to-host", False, "snapshot", _snapshots)
 # On CUDA, host-to-device from pinned memory: what bounds a CPU path's restore to the device

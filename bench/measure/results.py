@@ -230,6 +230,12 @@ class Row:
         None,
         ranks="sum",
     )
+    restore_cached_bytes: int | None = column(
+        "Bytes of the checkpoint's files in the page cache right after the restore (mincore): "
+        "the page cache the restore left behind (0: read with O_DIRECT, or dropped).",
+        None,
+        ranks="sum",
+    )
     restore_into: str | None = column(
         "`fresh` (new memory, compared byte for byte with the source) or `in-place` (into the "
         "state's own tensors, checked against fingerprints of the source taken before the save).",
@@ -391,6 +397,26 @@ class CheckpointRow:
     )
     error: str = column(
         "Why the save or the engine failed; empty when nothing did.", "", required=True
+    )
+    restart_s: float | None = column(
+        "The restart from the last checkpoint, from a failure (the model and optimizer lost; a "
+        "fresh model and optimizer built, untimed) to the end of the first training step after "
+        "the load: the load with the page cache dropped, load_state_dict and that step, device "
+        "synchronised (the harness's clock); the last checkpoint's row only, empty for the others.",
+        None,
+    )
+    restart_load_s: float | None = column(
+        "Part of restart_s: the engine's load, until the device was synchronised.", None
+    )
+    restart_first_step_s: float | None = column(
+        "Part of restart_s: the first training step after the load (the rest is load_state_dict).",
+        None,
+    )
+    restart_loss_match: bool | None = column(
+        "The first two steps after the restart had the uninterrupted run's losses, bit for bit "
+        "(the model, the optimizer and the token stream restored); empty where the run had no "
+        "step after the last checkpoint.",
+        None,
     )
 
 

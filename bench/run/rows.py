@@ -121,7 +121,8 @@ def restore_phase(
     `check`, compare with the source: byte for byte, or, for a restore in place (`fingerprint`
     of the source taken before the save given: the restore overwrites the state's own tensors,
     and no second copy of it is held), the restored tensors' fingerprints with the source's.
-    Fills restore_s, restore_resident_bytes, restore_into, verified and (on a difference)
+    Fills restore_s, restore_resident_bytes, restore_cached_bytes (untimed: the page cache the
+    restore left behind), restore_into, verified and (on a difference)
     error. `load(name, device, checksums[, into])` replaces `eng.load` (bench.run.distributed
     checks the world size first)."""
     files = eng.cached_files(name)
@@ -134,6 +135,7 @@ def restore_phase(
     loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False, **kw)
     device.synchronize()
     row.restore_s = (measure.now_ns() - t0) / 1e9
+    row.restore_cached_bytes = measure.resident_bytes(files)
     row.restore_mode = getattr(eng, "restore_mode", "host")
     eng.check(name, loaded)
     if check:

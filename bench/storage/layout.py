@@ -225,11 +225,16 @@ def check_entry(targets: list[str], manifest: Manifest, e: TensorEntry, mem: Any
     """Raise ChecksumError naming the tensor and its files if `mem` (its bytes, flat uint8 numpy
     array or tensor) does not match its checksum."""
     if not entry_matches(e, mem):
-        files = sorted({_path(targets, manifest, x[0]) for x in e.extents})
-        raise ChecksumError(
-            f"checkpoint {manifest.name!r}: tensor state{e.path} does not match its "
-            f"checksum (file {', '.join(files)})"
-        )
+        raise checksum_error(targets, manifest, e)
+
+
+def checksum_error(targets: list[str], manifest: Manifest, e: TensorEntry) -> ChecksumError:
+    """The error for tensor `e` whose bytes do not match its checksum, naming its files."""
+    files = sorted({_path(targets, manifest, x[0]) for x in e.extents})
+    return ChecksumError(
+        f"checkpoint {manifest.name!r}: tensor state{e.path} does not match its "
+        f"checksum (file {', '.join(files)})"
+    )
 
 
 def _alloc(n: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ taking `self` are methods of the engine (bench.engines.gds.engine.Gds), kept her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -14,9 +14,6 @@ from bench.engines.stripes import Job
 from bench.measure.detail import GdsDetail
 from bench.storage import checksums, layout
 from bench.storage.plan import SavePlan
-
-if TYPE_CHECKING:
-    from bench.engines.gds.engine import Gds
 
 
 def coalesce_window(options: Any) -> int:
@@ -139,7 +136,15 @@ class Writes:
     dev: list[bool]
 
 
-def place(self: Gds, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
+class _Placing(Protocol):
+    """What `place` uses of the engine."""
+
+    options: Any  # bench.engines.options.GdsOptions
+    targets: list[str]
+    _coalesce: Coalescing | None
+
+
+def place(self: _Placing, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
     """Coalesce the small tensors, as a GDS user with many of them would: every tensor
     under `coalesce_below` is copied (device to device, at HBM speed on a GPU) into one
     buffer of `coalesce_bytes` and written from there in chunks, where thousands of small

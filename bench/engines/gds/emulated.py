@@ -1,26 +1,25 @@
 """gds's emulation (`io: emulated`): O_DIRECT from the tensors' own memory and from the coalescing
 buffer, as the kvikio path writes; on CUDA, device pieces through a pinned bounce buffer per
 writer thread, as kvikio's POSIX path does. `gds_mode=emulated`: never GDS numbers. Functions
-taking `self` are methods of the engine (bench.engines.gds.engine.Gds), kept here by their job."""
+taking `self` are methods of the engine (bench.engines.gds.engine.Gds), kept here by their job, typed by what they use of it
+(bench.engines.gds.parts)."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from bench.engines.gds import coalesce
+from bench.engines.gds.parts import GdsEngine
 from bench.engines.stripes import Job
 from bench.storage import layout, odirect
 from bench.storage.staging import PinnedBuffer
 
-if TYPE_CHECKING:
-    from bench.engines.gds.engine import Gds
 
-
-def write(self: Gds, job: Job, w: coalesce.Writes) -> None:
+def write(self: GdsEngine, job: Job, w: coalesce.Writes) -> None:
     """O_DIRECT from the tensors' own memory and from the coalescing buffer, as the kvikio
     path writes (the emulation of gds: never GDS numbers)."""
     co, pieces, file_bytes, mems, dev = w.co, w.pieces, w.file_bytes, w.mems, w.dev
@@ -47,7 +46,7 @@ def write(self: Gds, job: Job, w: coalesce.Writes) -> None:
     self.writer.drain(job, fds, futures, file_bytes)
 
 
-def write_piece(self: Gds, fd: int, piece: layout.Piece) -> None:
+def write_piece(self: GdsEngine, fd: int, piece: layout.Piece) -> None:
     if not isinstance(piece.mem, torch.Tensor):
         self.writer.write(fd, piece)
         return
@@ -67,7 +66,7 @@ def write_piece(self: Gds, fd: int, piece: layout.Piece) -> None:
     odirect.pwrite_all(fd, arr[:span].data, piece.file_offset - mis)
 
 
-def bounce_buffer(self: Gds, span: int) -> PinnedBuffer:
+def bounce_buffer(self: GdsEngine, span: int) -> PinnedBuffer:
     buf = getattr(self._bounce, "buf", None)
     if buf is None or buf.nbytes < span:
         buf = PinnedBuffer(max(span, self.options.chunk_bytes + 2 * odirect.ALIGN))

@@ -57,6 +57,7 @@ class Gds(StripedEngine):
     _hash_kvikio = kvikio_io.hash_direct
     _persist_kvikio = kvikio_io.write
     load = kvikio_io.load
+    _host_load = StripedEngine.load  # what kvikio_io.load falls back to
     _persist_emulated = emulated.write
     _write_piece = emulated.write_piece
     _bounce_buffer = emulated.bounce_buffer

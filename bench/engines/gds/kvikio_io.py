@@ -1,7 +1,8 @@
 """gds's kvikio I/O: files opened through cuFile (or its POSIX fallback, said), pwrite from device
 memory window by window and piece by piece, the device checksums beside them, and the restore
 through kvikio pread into device memory. Functions taking `self` are methods of the engine
-(bench.engines.gds.engine.Gds), kept here by their job."""
+(bench.engines.gds.engine.Gds), kept here by their job, typed by what they use of it
+(bench.engines.gds.parts)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,22 @@ import os
 import threading
 import time
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from bench.common.errors import UserError
 from bench.engines.base import check_name
 from bench.engines.gds import coalesce, cuda, kvikio_lib, labels
-from bench.engines.striped import StripedEngine, check_into
+from bench.engines.gds.parts import GdsEngine
+from bench.engines.striped import check_into
 from bench.engines.stripes import Job
 from bench.measure.detail import GdsDetail
 from bench.storage import checksums, generations, layout
 from bench.storage.tree import flatten, unflatten
 
-if TYPE_CHECKING:
-    from bench.engines.gds.engine import Gds
 
-
-def open_cufile(self: Gds, path: str, flags: str, reasons: list[str]) -> Any:
+def open_cufile(self: GdsEngine, path: str, flags: str, reasons: list[str]) -> Any:
     """A CuFile for `path`. Opened with compat mode OFF, so that it either uses cuFile or
     fails; on failure (and with allow_compat) opened again through POSIX, with the reason
     appended to `reasons`: the fallback kvikio's AUTO mode would make silently. OFF is
@@ -52,7 +51,7 @@ def open_cufile(self: Gds, path: str, flags: str, reasons: list[str]) -> Any:
 
 
 def hash_direct(
-    self: Gds, job: Job, idx: list[int], mems: dict[int, torch.Tensor], dev: list[bool]
+    self: GdsEngine, job: Job, idx: list[int], mems: dict[int, torch.Tensor], dev: list[bool]
 ) -> None:
     """Checksums of the directly written tensors while kvikio's threads write: host tensors
     with xxh3; device tensors by torch kernels on a side stream, their sums read back to the
@@ -74,7 +73,7 @@ def hash_direct(
         job.wsum64[i] = checksums.wsum64_digest(row[0], row[1], entries[i].nbytes)
 
 
-def write(self: Gds, job: Job, w: coalesce.Writes) -> None:
+def write(self: GdsEngine, job: Job, w: coalesce.Writes) -> None:
     """Write with kvikio CuFile.pwrite from device memory (paced where a target is capped),
     the coalesced tensors window by window from the coalescing buffer, hash meanwhile,
     fsync, commit the manifest; label the save from what its files did."""
@@ -231,7 +230,7 @@ def write(self: Gds, job: Job, w: coalesce.Writes) -> None:
 
 
 def load(
-    self: Gds, name: str, device: str = "cpu", checksums: bool = True, into: Any = None
+    self: GdsEngine, name: str, device: str = "cpu", checksums: bool = True, into: Any = None
 ) -> Any:
     """Restore `name`; into CUDA memory through kvikio pread (the GDS read path) when this
     engine writes with kvikio, else through host memory like the other engines. `into`: a
@@ -244,7 +243,7 @@ def load(
         dev = next((t.device for t in dst if cuda.on_device(t)), dev)
     if self.io != "kvikio" or dev.type != "cuda":
         self.restore_mode, self.restore_detail = "host", {}
-        return StripedEngine.load(self, name, device, checksums, into)
+        return self._host_load(name, device, checksums, into)
     check_name(name)
     m = generations.read(self.targets, name)
     layout.check_files(self.targets, m)

@@ -6,13 +6,11 @@ their job."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.engines.gds import kvikio_lib
+from bench.engines.gds.parts import GdsEngine
 from bench.measure import env as env_mod
-
-if TYPE_CHECKING:
-    from bench.engines.gds.engine import Gds
 
 MiB = 1 << 20
 
@@ -113,7 +111,7 @@ def nvfs_verdict(
     return evidence, None
 
 
-def filesystem_reasons(self: Gds) -> list[str]:
+def filesystem_reasons(self: GdsEngine) -> list[str]:
     """Why GDS would not serve a target natively (`native_gds_reason`): used to label a
     save only where nvidia-fs keeps no byte counters, and only when cufile.json allows
     cuFile's own compat mode."""
@@ -126,7 +124,7 @@ def filesystem_reasons(self: Gds) -> list[str]:
 
 
 def label(
-    self: Gds,
+    self: GdsEngine,
     reasons: list[str],
     device_bytes: int,
     nvfs_before: dict[str, int] | None,

@@ -1,22 +1,21 @@
 """gds's cuFile buffer registrations (kvikio's memory_register): made in `warm()`, outside the
 timed region, as GDS users are told to for buffers used again and again; dropped by `release()`
 with the views of the state they keep. Functions taking `self` are methods of the engine
-(bench.engines.gds.engine.Gds), kept here by their job."""
+(bench.engines.gds.engine.Gds), kept here by their job, typed by what they use of it
+(bench.engines.gds.parts)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from bench.engines.gds import cuda, kvikio_lib
+from bench.engines.gds.parts import GdsEngine
 from bench.storage.tree import flatten
 
-if TYPE_CHECKING:
-    from bench.engines.gds.engine import Gds
 
-
-def register(self: Gds, state: Any) -> None:
+def register(self: GdsEngine, state: Any) -> None:
     """Register the state's device memory, and the coalescing buffer, with cuFile (kvikio's
     memory_register): once per CUDA allocation, which kvikio registers whole and refuses
     to register twice; a failure is recorded with the tensors it left out, and the other
@@ -62,7 +61,7 @@ def register(self: Gds, state: Any) -> None:
         self._register_note = f"{len(failed)} tensors not registered ({first})"[:400]
 
 
-def deregister(self: Gds) -> None:
+def deregister(self: GdsEngine) -> None:
     self._registered_ptrs.clear()
     self._register_failed = []
     if not self._registered:
@@ -76,7 +75,7 @@ def deregister(self: Gds) -> None:
     self._registered.clear()
 
 
-def deregister_buffer(self: Gds, buf: torch.Tensor) -> None:
+def deregister_buffer(self: GdsEngine, buf: torch.Tensor) -> None:
     """Before the coalescing buffer is freed: its registration goes, and with it that of
     the tensors sharing its allocation (`warm()` registers them again)."""
     if buf.numel() and buf.data_ptr() in self._registered_ptrs:

@@ -14,6 +14,10 @@ so each checkpoint is followed by the steps that overlap its persist). A save th
 previous one still persisting waits for it (counted in its stall, as training would). The
 previous checkpoint is deleted once the next is durable, between steps and untimed; the last one
 is restored and compared bit for bit with a clone of the state taken just before its save.
+Then the restart (`_restart`): the trainer's model and optimizer are lost, a fresh one is built
+from the config, and the harness times, from the call of load() with the page cache dropped to
+the end of the first training step after it, what a crashed run spends before it trains again;
+the first steps' losses must equal the uninterrupted run's at those steps.
 
 Writes `training_steps.csv` (one row per timed step), `training_checkpoints.csv` (one row per
 save, warm-ups flagged) and `env.json` into results/<run-id>/. The summary (inflation per
@@ -222,6 +226,7 @@ class TrainingRun:
         saves: list[_Pending] = []
         live: list[_Pending] = []  # checkpoints still on the targets
         expected: Any = None  # clone of the state the last checkpoint saved
+        data_at_last: torch.Tensor | None = None  # the token stream's position at its save
         steps: list[StepRow] = []
         gds_mode = "none"
         t_loop = time.perf_counter_ns()
@@ -240,8 +245,10 @@ class TrainingRun:
             save_call_s, t2 = 0.0, t1
             ckpt = eng is not None and s % every == 0
             if eng is not None and ckpt:
-                if s == last_ckpt and cfg.verify:
-                    expected = clone_state(tr.state())  # untimed: between t1 and t2
+                if s == last_ckpt:  # untimed: between t1 and t2
+                    data_at_last = tr.gen.get_state()
+                    if cfg.verify:
+                        expected = clone_state(tr.state())
                 if self.on_save is not None:
                     self.on_save(engine, s, tr.state())
                 name = f"{prefix}-step{s}"
@@ -311,12 +318,63 @@ class TrainingRun:
                     ckpts[-1].error = f"restored state differs at {diff}"
                     self._failed(engine, f"step {last.step}: restored state differs")
                 del loaded, expected
+            assert data_at_last is not None, "the last checkpoint's step kept it"
+            after = [r.loss for r in steps if last.step < r.step <= last.step + 2]
+            self._restart(tr, eng, last.name, data_at_last, ckpts[-1], after)
+            if ckpts[-1].restart_loss_match is False:
+                self._failed(engine, f"step {last.step}: training after the restart diverged")
             for sv in live:
                 if sv is not last or not cfg.keep_last:
                     self._delete(eng, sv.name)
             if cfg.keep_last:
                 self._made.remove(last.name)
         return steps, ckpts
+
+    def _restart(
+        self,
+        tr: Trainer,
+        eng: Clocked,
+        name: str,
+        data: torch.Tensor,
+        row: CheckpointRow,
+        after: list[float],
+    ) -> None:
+        """A restart from the last checkpoint, timed by the harness: the trainer's model and
+        optimizer are lost (the failure); a fresh Trainer from the same config is built and its
+        token stream put where the checkpoint's step left it (a data loader's position), both
+        untimed, as a restarted process has done before it loads; the checkpoint's pages are
+        dropped from the page cache (a restart after a crash finds them on the device). Timed,
+        one clock from the call of load() to the end of the first step: the engine's load
+        (without its checksums, as restore_s) until the device is synchronised, load_state_dict
+        into the fresh model and optimizer, and the first training step, device synchronised.
+        Fills restart_s and its parts; restart_loss_match compares the first steps' losses with
+        `after`, the losses the uninterrupted run had at those steps (none to compare: empty)."""
+        sync = self.device.synchronize
+        tr.lose()
+        gc.collect()
+        fresh = Trainer(self.cfg, self.device.torch_device)
+        fresh.gen.set_state(data)
+        measure.drop_page_cache()
+        measure.evict_files(eng.cached_files(name))
+        sync()
+        t0 = time.perf_counter_ns()
+        loaded = eng.load(name, device=str(self.device.torch_device), checksums=False)
+        sync()
+        t1 = time.perf_counter_ns()
+        fresh.load_state(loaded)
+        sync()
+        t2 = time.perf_counter_ns()
+        losses = [fresh.step()]
+        sync()
+        t3 = time.perf_counter_ns()
+        del loaded
+        row.restart_s = (t3 - t0) / 1e9
+        row.restart_load_s = (t1 - t0) / 1e9
+        row.restart_first_step_s = (t3 - t2) / 1e9
+        if after:
+            losses += [fresh.step() for _ in after[1:]]
+            row.restart_loss_match = losses == after
+        fresh.lose()
 
     def _delete(self, eng: Clocked, name: str) -> None:
         eng.delete(name)

@@ -74,6 +74,23 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
 
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Model and optimizer from a restored `state()` (load_state_dict). An engine that gives
+        keys back as strings (dcp: its `loose_keys`) gives the optimizer's parameter indices so;
+        they are made ints again, else AdamW would keep that state beside its parameters and
+        start them afresh."""
+        optim = dict(state["optim"])
+        optim["state"] = {
+            int(k) if isinstance(k, str) and k.isdigit() else k: v
+            for k, v in optim["state"].items()
+        }
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(optim)
+
+    def lose(self) -> None:
+        """A failure: the model and optimizer gone, their memory freed."""
+        del self.model, self.opt
+
 
 def clone_state(state: Any) -> Any:
     """A deep copy whose tensors no longer share memory with the model or optimizer."""
