@@ -117,6 +117,7 @@ def test_restore_by_hand_two_ssds_two_gpus() -> None:
     assert predict(meas, "cpu-single", 4).restore_s == pytest.approx(100 / 6)  # 12 / g
     assert predict(meas, "cpu-double", 4).restore_s == pytest.approx(100 / 3)  # 6 / g
     assert predict(meas, "torch-save", 4).restore_s == pytest.approx(100 / 0.5)  # 1 / g
+    assert predict(meas, "dcp", 4).restore_s == pytest.approx(100 / 1)  # Q(1) / g: not one
     # without any read figure the restore is unknown, not a guess
     assert math.isnan(predict(prof(), "cpu-single").restore_s)
 
