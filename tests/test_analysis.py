@@ -642,17 +642,25 @@ def test_restore_figure_and_rows_draw_the_read_ceilings(read_run: runs.Run) -> N
     ax, bx = fig.get_axes()
     ceilings = {a: [ln for ln in a.get_lines() if ln.get_gid() == "ceiling"] for a in (ax, bx)}
     # (a) at one target: O_DIRECT 2.5 GB/s (gds, cpu-single), buffered 1.5 GB/s (the rest)
-    assert [list(ln.get_ydata()) for ln in ceilings[ax]] == [
-        [R1 / 1e9] * 2,
-        [R1 / 1e9] * 2,
-        [Q1 / 1e9] * 2,
-        [Q1 / 1e9] * 2,
-        [Q1 / 1e9] * 2,
+    assert {ln.get_label(): list(ln.get_ydata()) for ln in ceilings[ax]} == {
+        "read ceiling: gds, cpu-single": [R1 / 1e9] * 2,
+        "read ceiling: cpu-double, torch-save, dcp": [Q1 / 1e9] * 2,
+    }
+    assert [ln.get_linestyle() for ln in ceilings[ax]] == ["--", ":"]
+    # (b) against SSDs: the O_DIRECT read of 1 and 2 targets, the buffered one, and the
+    # baselines' one point (a short dash) at their one target
+    assert {ln.get_label(): list(ln.get_ydata()) for ln in ceilings[bx]} == {
+        "read ceiling: gds, cpu-single": [R1 / 1e9, R2 / 1e9],
+        "read ceiling: cpu-double": [Q1 / 1e9, Q2 / 1e9],
+        "read ceiling: torch-save, dcp": [Q1 / 1e9],
+    }
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[5:] == [  # after the engines: (a)'s ceilings, then those (b) adds
+        "read ceiling: gds, cpu-single",
+        "read ceiling: cpu-double, torch-save, dcp",
+        "read ceiling: cpu-double",
+        "read ceiling: torch-save, dcp",
     ]
-    assert all(ln.get_linestyle() == "--" for ln in ceilings[ax])
-    # (b) against SSDs: gds's at 1 and 2 targets, R(1) and R(2)
-    assert list(ceilings[bx][0].get_ydata()) == [R1 / 1e9, R2 / 1e9]
-    assert "read ceiling (same colour)" in [t.get_text() for t in fig.legends[0].get_texts()]
     _, rows = restore_rows(read_run, stats.summary_table(read_run))
     gds = next(r for r in rows if r[:3] == ["synthetic-1GiB-256MiB", "1", "gds"])
     assert gds[8:10] == ["2.50", f"{S / 0.494077 / R1:.2f}"]

@@ -1,6 +1,7 @@
 """Figure 12: restore bandwidth (the checkpoint read back from a cold page cache into the device)
 (a) against tensor size and (b) against SSD count, one line per engine, with the read ceiling
-each engine is judged against dashed in its colour where the run measured it.
+each engine is judged against dashed in grey (one line for the engines that share it) where
+the run measured it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
 from analysis.figures.common import (
     COL2,
-    color,
     empty_panel,
     engine_label,
     footer,
@@ -40,23 +39,32 @@ def ssd_workload(run: Run) -> str:
     return str(big.sort_values("tensor_bytes")["workload"].iloc[-1])
 
 
-def _ceiling(ax: Any, run: Run, engine: str, xs: list[float], ns: list[int]) -> bool:
-    """The engine's read ceiling at each point (its target count `ns`), dashed in its colour;
-    whether the run had one."""
-    ys = [read_ceiling_Bps(run.env, run.traits(engine), n) for n in ns]
-    if not any(ys):
-        return False
-    ax.plot(
-        xs,
-        [np.nan if y is None else y / GB for y in ys],
-        color=color(engine),
-        linestyle="--",
-        linewidth=0.9,
-        alpha=0.8,
-        label="_ceiling",
-        gid="ceiling",
-    )
-    return True
+CEILING_STYLES = ["--", ":", "-.", (0, (5, 1, 1, 1))]
+
+
+def _ceilings(ax: Any, run: Run, points: dict[str, tuple[list[float], list[int]]]) -> bool:
+    """The read ceiling of each engine at its points (x, its target count there), dashed in
+    grey: one line for the engines judged against the same ceiling, labelled with them (a
+    single point as a short dash); whether the run had any."""
+    lines: dict[tuple[tuple[float, float], ...], list[str]] = {}
+    for e, (xs, ns) in points.items():
+        ys = [read_ceiling_Bps(run.env, run.traits(e), n) for n in ns]
+        if any(ys):
+            key = tuple((x, np.nan if y is None else y / GB) for x, y in zip(xs, ys, strict=True))
+            lines.setdefault(key, []).append(e)
+    for i, (key, engines) in enumerate(lines.items()):
+        ax.plot(
+            [x for x, _ in key],
+            [y for _, y in key],
+            color="0.35",
+            linestyle=CEILING_STYLES[i % len(CEILING_STYLES)],
+            linewidth=0.9,
+            marker="_" if len(key) == 1 else "none",
+            markersize=14,
+            label="read ceiling: " + ", ".join(engines),
+            gid="ceiling",
+        )
+    return bool(lines)
 
 
 @styled
@@ -71,11 +79,13 @@ def restore_figure(run: Run) -> Figure:
         empty_panel(ax, "no synthetic workloads in this run")
     else:
         st = case_stats(df, "restore_GBps", ["engine", "tensor_bytes"])
+        at: dict[str, tuple[list[float], list[int]]] = {}
         for e in order_engines(st["engine"]):
             s = st[st["engine"] == e].sort_values("tensor_bytes")
             iqr_line(ax, s["tensor_bytes"], s, e, engine_label(df, e))
             xs = [float(x) for x in s["tensor_bytes"]]
-            drawn |= _ceiling(ax, run, e, xs, [n] * len(xs))
+            at[e] = (xs, [n] * len(xs))
+        drawn |= _ceilings(ax, run, at)
         size_ticks(ax, sorted(int(x) for x in df["tensor_bytes"].unique()))
         ax.set_xlabel("tensor size (log scale)")
         ax.set_title(f"(a) {format_size(total)} checkpoint, {n} target(s)")
@@ -83,11 +93,13 @@ def restore_figure(run: Run) -> Figure:
     wl = ssd_workload(run)
     rows = run.ok[run.ok["workload"] == wl]
     st = case_stats(rows, "restore_GBps")
+    by_n: dict[str, tuple[list[float], list[int]]] = {}
     for e in order_engines(st["engine"]):
         s = st[st["engine"] == e].sort_values("n_targets")
         iqr_line(bx, s["n_targets"], s, e, engine_label(rows, e))
         ns = [int(x) for x in s["n_targets"]]
-        drawn |= _ceiling(bx, run, e, [float(x) for x in ns], ns)
+        by_n[e] = ([float(x) for x in ns], ns)
+    drawn |= _ceilings(bx, run, by_n)
     counts = sorted(int(x) for x in rows["n_targets"].unique())
     bx.set_xticks(counts)
     bx.set_xlim(min(counts) - 0.3, max(counts) + 0.3)
@@ -98,14 +110,16 @@ def restore_figure(run: Run) -> Figure:
     for a in (ax, bx):
         a.set_ylim(bottom=0)
     handles, labels = (bx if df.empty else ax).get_legend_handles_labels()
-    if drawn:
-        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.9))
-        labels.append("read ceiling (same colour)")
+    if not df.empty:  # panel (b)'s ceilings group the engines as (a)'s may not
+        for h, lab in zip(*bx.get_legend_handles_labels(), strict=True):
+            if lab.startswith("read ceiling") and lab not in labels:
+                handles.append(h)
+                labels.append(lab)
     fig.legend(handles, labels, loc="outside right upper")
     extra = (
         "restore = checkpoint bytes / restore_s, from a cold page cache; median of repetitions, "
-        "bars: IQR; dashed: the read ceiling that judges the engine (O_DIRECT read, or buffered "
-        "read of a cold file for page-cache paths), the run's best"
+        "bars: IQR; grey, dashed or dotted: the read ceiling that judges the engines named (O_DIRECT read, "
+        "or buffered read of a cold file for page-cache paths), the run's best"
         if drawn
         else "restore = checkpoint bytes / restore_s; median of repetitions, bars: IQR; this run "
         "measured no read ceilings"

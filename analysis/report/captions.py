@@ -33,9 +33,9 @@ CAPTIONS = {
     "restore": "Figure 12. Restore bandwidth = checkpoint bytes / restore_s (read back from a "
     "cold page cache into the device), one line per engine: (a) against tensor size (the largest "
     "checkpoint, the fewest SSDs), (b) against the number of SSDs (targets) for one workload; "
-    "median of repetitions, error bars the interquartile range; dashed in the engine's colour, "
-    "the read ceiling that judges it (O_DIRECT read, or a buffered read of a cold file for the "
-    "page-cache paths) where the run measured one.",
+    "median of repetitions, error bars the interquartile range; grey, dashed or dotted, the read "
+    "ceiling that judges the engines it names (O_DIRECT read, or a buffered read of a cold file "
+    "for the page-cache paths) where the run measured one.",
     "lost_fraction": "Figure 8. What checkpointing costs training on this machine: the expected "
     "fraction of training time lost (stalls plus rework after a failure) against the mean time "
     "between failures, each engine at its best interval (Young/Daly with its stall as the cost; "
