@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -550,11 +551,12 @@ def test_a_read_ceiling_reads_its_files_back_from_the_device(scratch: Path, monk
         assert ceiling.builtin_read(files, 4 * MiB, MiB, False, 2, 1) > 0
         assert timers.resident_bytes(files) > 0  # buffered: the pages came in ...
         before_first_read: list[int] = []
-        real = odirect.pread_into
+        real, lock = odirect.pread_into, threading.Lock()
 
         def spy(fd: int, view: memoryview, offset: int) -> None:
-            if not before_first_read:
-                before_first_read.append(timers.resident_bytes(files))
+            with lock:  # the first read of any thread looks first
+                if not before_first_read:
+                    before_first_read.append(timers.resident_bytes(files))
             real(fd, view, offset)
 
         monkeypatch.setattr(odirect, "pread_into", spy)
