@@ -475,7 +475,7 @@ def test_report_of_a_harness_run_with_training(tiny_run: tuple, scratch: Path) -
     for f in (loop.STEPS_CSV, loop.CKPTS_CSV):
         shutil.copy(Path(run_dir) / f, both / f)
     rep = build(str(both), str(scratch / "rep"))
-    assert len(rep.paths) == 21  # the harness report's 19 and Figure 6
+    assert len(rep.paths) == 23  # the harness report's 21 and Figure 6
     md = (scratch / "rep" / "report.md").read_text()
     assert "## Is GDS worth it here?" in md and "## Stall in a real training loop" in md
     assert "Figure 6 (below) shows checkpoint phases against the steps" in md
