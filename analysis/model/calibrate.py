@@ -27,7 +27,6 @@ from bench.measure.ceilings import (
     SERIALIZE,
     Ceilings,
     Kind,
-    Measured,
     Probe,
     RunCeilings,
 )
@@ -79,15 +78,10 @@ def from_run(run: Any) -> Profile:
     copies = typical(COPY)
     if not direct or not copies:  # a ceiling that failed (env.json ceilings_error)
         return _from_rows(run)
-    # The restore's: R(n) and Q(n), the O_DIRECT and buffered reads of a cold file, Q1(n) the
-    # buffered read's run with one reader, h the host-to-device copy (CUDA only).
+    # The restore's: R(n) and Q(n), the O_DIRECT and buffered reads of a cold file, h the
+    # host-to-device copy (CUDA only).
     reads = tuple((n, v) for n in per_n if (v := both(n, DIRECT_READ)))
     buffered_reads = tuple((n, v) for n in per_n if (v := both(n, BUFFERED_READ)))
-    one_reader = []
-    for n in per_n:
-        ones = [v for b in (c, after) if b is not None and (v := _one_reader(b, n))]
-        if ones:
-            one_reader.append((n, float(np.mean(ones))))
     h2d = typical(H2D)
     copy = float(np.mean(copies))
     d2h = float(np.mean(typical(D2H) or [copy]))
@@ -158,21 +152,7 @@ def from_run(run: Any) -> Profile:
         h2d_Bps=float(np.mean(h2d)) if h2d else None,
         direct_read_by_n=reads,
         buffered_read_by_n=buffered_reads,
-        buffered_read_single_by_n=tuple(one_reader),
     )
-
-
-def _one_reader(c: Ceilings, n: int) -> float | None:
-    """Q1(n): the buffered read of n targets with one reader, where the run has it: the
-    buffered read itself when it kept one reader, else its search's run of one (a loader that
-    reads its one file with one thread, as torch.load, gets this rather than the best count)."""
-    m: Measured | None = c.at(BUFFERED_READ, n)
-    if m is None:
-        return None
-    if m.writers is not None and m.writers.jobs == 1:
-        return m.median()
-    one = [t.Bps for t in m.search if t.writers.jobs == 1]
-    return float(one[0]) if one else None
 
 
 def _point(c: Ceilings, n: int) -> dict[Kind, float]:

@@ -42,7 +42,7 @@ Symbols (bandwidths in B/s):
 Restore (a restart: the checkpoint read back from a cold page cache into the device), with
 
     R(m)  O_DIRECT read of m SSDs (m r for one SSD's r, or as measured; r on one device)
-    Q(m)  the page-cache path's read of m SSDs (as measured, else R(m)); Q1(m) with one reader
+    Q(m)  the page-cache path's read of m SSDs (as measured, else R(m))
     h     the GPU's host-to-device link (CUDA; none on a host-emulated run, whose restores
           land in host memory)
 
@@ -53,9 +53,8 @@ Restore (a restart: the checkpoint read back from a cold page cache into the dev
     from device (gds)                    R_g                               S / min(q, h)
     O_DIRECT (cpu-single, fastpersist)   R_g (first SSD: R_1)              S / min(q, h_g)
     page cache (cpu-double)              min(Q(m)/g, C/g)                  S / min(q, h_g)
-    page cache, 1 SSD (dcp)              min(Q(1)/g, C/g)                  S / min(q, h_g)
-    page cache, 1 SSD, one thread        min(Q1(1)/g, C/g)                 S / min(q, h_g)
-      (torch-save, safetensors: trait single_writer)
+    page cache, 1 SSD (dcp, torch-save,  min(Q(1)/g, C/g)                  S / min(q, h_g)
+      safetensors)
 
     The CPU paths overlap the read with the copy to the device (so the slower bounds it);
     GDS reads into the device over its own link, not through host memory. The read kind is
@@ -162,17 +161,7 @@ def predict(
 def read_Bps(p: Profile, t: Traits, m: float, g: int, mapping: str = "shared") -> float | None:
     """q: one GPU's read rate from its m SSDs when g GPUs restore at once (the module
     docstring), None where the profile has no read figure."""
-    if t.page_cache:
-        # the loaders that read their one file with one thread (torch.load, safetensors); DCP's
-        # reader is not held to one (on the reference VM, configs/smoke.yaml at 256 MiB, run
-        # 20261207T020831Z-smoke-19a4a4, it read 4 MiB items at 0.64 of the buffered read
-        # ceiling of two readers, where torch.load reached 0.30)
-        one_reader = t.single_writer
-
-        def rate(n: float) -> float | None:
-            return p.page_cache_read_Bps(n, one_reader)
-    else:
-        rate = p.read_Bps
+    rate = p.page_cache_read_Bps if t.page_cache else p.read_Bps
     all_m, first = rate(m), rate(1)
     if all_m is None or first is None:
         return None

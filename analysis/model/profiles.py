@@ -103,12 +103,11 @@ class Profile:
     # The restore: one SSD's read (None: not known, restores not modelled), the GPU's
     # host-to-device link h (None: none, as on a host-emulated run whose restores land in host
     # memory), and as measured on this machine R(n), Q(n) (O_DIRECT and buffered reads, cold
-    # cache) by target count, and Q1(n) with one reader.
+    # cache) by target count.
     ssd_read_Bps: float | None = None
     h2d_Bps: float | None = None
     direct_read_by_n: tuple[tuple[int, float], ...] = ()
     buffered_read_by_n: tuple[tuple[int, float], ...] = ()
-    buffered_read_single_by_n: tuple[tuple[int, float], ...] = ()
     # dram_Bps is what the host was seen to move (a run's copy), not its bandwidth: a path
     # that needs less is affordable, one that needs more is not known to be unaffordable.
     dram_lower_bound: bool = False
@@ -156,13 +155,11 @@ class Profile:
             return None
         return self.ssd_read_Bps if self.shared_device else n * self.ssd_read_Bps
 
-    def page_cache_read_Bps(self, n: float, single_reader: bool = False) -> float | None:
+    def page_cache_read_Bps(self, n: float) -> float | None:
         """Q(n): the page-cache path's read of n SSDs from a cold cache (as measured, else
-        R(n)); Q1(n) for one reader when measured."""
+        R(n)). One reader or several: the kernel's readahead keeps one sequential reader as
+        fast as several here (bench/PERF.md), so no one-reader term as the writes have."""
         measured: dict[float, float] = dict(self.buffered_read_by_n)
-        single: dict[float, float] = dict(self.buffered_read_single_by_n)
-        if single_reader and n in single:
-            return single[n]
         return measured.get(n, self.read_Bps(n))
 
     def assumed(self, *keys: str) -> bool:
