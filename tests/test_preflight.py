@@ -38,7 +38,9 @@ def plan(engine: str, cuda: bool, **options: Any):
 # dcp keeps a cached copy; safetensors' restore, load_file with pread, reads into the tensors: 1x).
 HOST = {
     # engine: (staging, save, fresh restore, in-place restore)
-    "gds": (64 * MiB, 0, S, 0),  # its coalescing buffer: small tensors may be there
+    # its coalescing buffer: small tensors may be there; its restore reads with O_DIRECT
+    # through a bounce buffer of a chunk per reading thread (8 a target, 2 targets, 16 MiB)
+    "gds": (64 * MiB, 0, S + 256 * MiB, 256 * MiB),
     # its O_DIRECT restore reads into one buffer laid out as the packed stream (64-byte aligned
     # tensors); in place through its staging
     "cpu-single": (S + N * 4096, 0, S + N * 64, 0),
@@ -358,7 +360,7 @@ def test_fingerprints_tell_a_flipped_bit_and_copy_nothing():
 def test_run_preflight_says_every_verdict_and_runs_nothing(scratch, capsys, monkeypatch):
     from bench import cli
 
-    monkeypatch.setattr(preflight, "host_available", lambda: 256 * MiB + preflight.HEADROOM)
+    monkeypatch.setattr(preflight, "host_available", lambda: 320 * MiB + preflight.HEADROOM)
     cfg = _config(scratch, total_sizes=["64MiB", "512MiB"], engines=["cpu-single", "gds"])
     assert cli.main(["run", str(cfg), "--preflight", "-o", str(scratch / "out")]) == 0
     out = capsys.readouterr().out
@@ -372,7 +374,11 @@ def test_run_preflight_says_every_verdict_and_runs_nothing(scratch, capsys, monk
         "synthetic-512MiB-16MiB x1 gds": "refused",
     }
     assert "refused: synthetic-512MiB-16MiB x1 cpu-single: host memory" in out
-    assert "refused: synthetic-512MiB-16MiB x1 gds: host memory: needs 537.6MiB" in out
+    # in place: the state, and gds's restore reading through 8 bounce chunks of 16 MiB
+    assert (
+        "refused: synthetic-512MiB-16MiB x1 gds: host memory: needs 672MiB (state 512MiB, "
+        "save or restore 128MiB), 320MiB available"
+    ) in out
     assert not (scratch / "out").exists()  # nothing run, no run directory
     cfg = _config(scratch, total_sizes=["1TiB"], tensor_sizes=["1GiB"])
     assert cli.main(["run", str(cfg), "--preflight", "-o", str(scratch / "out")]) == 2

@@ -246,7 +246,7 @@ class StripedEngine:
                 ring=ring,
             )
             return unflatten(m.tree, tensors)
-        tensors = layout.read_tensors(self.targets, m, check=checksums)
+        tensors = self._read_host(m, check=checksums)
         if dev.type != "cpu":
             tensors = [t.to(dev) for t in tensors]
         return unflatten(m.tree, tensors)
@@ -271,11 +271,33 @@ class StripedEngine:
         direct = [i for i, t in enumerate(dst) if t.device.type == "cpu" and t.is_contiguous()]
         if direct:
             flat = [dst[i].detach().reshape(-1).view(torch.uint8) for i in direct]
-            layout.read_tensors(self.targets, m, only=direct, check=checksums, into=flat)
+            self._read_host(m, only=direct, check=checksums, into=flat)
         for i in sorted(set(range(len(dst))) - set(direct)):
-            (src,) = layout.read_tensors(self.targets, m, only=[i], check=checksums)
+            (src,) = self._read_host(m, only=[i], check=checksums)
             dst[i].copy_(src)
         return into
+
+    def _read_host(
+        self,
+        m: manifest.Manifest,
+        only: list[int] | None = None,
+        check: bool = True,
+        into: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
+        """Tensors of `m` read into host memory, a layout that is not the packed stream: with
+        O_DIRECT through bounce buffers where the engine writes with O_DIRECT (gds's emulation;
+        bench.storage.readback.read_extents), else through the page cache."""
+        if self.traits.o_direct:
+            return readback.read_extents(
+                self.targets,
+                m,
+                threads=self._read_threads(),
+                chunk=self.options.chunk_bytes,
+                only=only,
+                check=check,
+                into=into,
+            )
+        return layout.read_tensors(self.targets, m, only=only, check=check, into=into)
 
     def _readback(self, m: manifest.Manifest) -> readback.Packed | None:
         """The packed layout of `m` where this engine restores it with O_DIRECT
@@ -283,8 +305,8 @@ class StripedEngine:
         return None
 
     def _read_threads(self) -> int:
-        """O_DIRECT reads in flight on a restore through bench.storage.readback."""
-        raise NotImplementedError
+        """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""
+        return int(self.options.read_threads_per_target) * len(self.targets)
 
     def _read_ring(self, packed: readback.Packed) -> np.ndarray:
         """Aligned host memory (pinned on CUDA) for a restore through a ring of chunks."""
@@ -552,10 +574,6 @@ class SnapshotEngine(StripedEngine):
             restore_device=stream if size.cuda else 0,
             in_place_host=ring,
         )
-
-    def _read_threads(self) -> int:
-        """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""
-        return int(self.options.read_threads_per_target) * len(self.targets)
 
     def _readback(self, m: manifest.Manifest) -> readback.Packed | None:
         """cpu-single (O_DIRECT) reads its packed stream back with O_DIRECT; cpu-double reads

@@ -408,3 +408,94 @@ def _in_place(
     for d, g, e in gathered:
         d.copy_(layout.typed(g, e))
     return into
+
+
+def read_extents(
+    targets: list[str],
+    m: Manifest,
+    *,
+    threads: int,
+    chunk: int,
+    only: list[int] | None = None,
+    check: bool = True,
+    into: list[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Tensors of checkpoint `m` (those at indexes `only`, in that order) read with O_DIRECT
+    whatever its layout (gds's, where a tensor may start anywhere in its file): every `chunk` of
+    a data file that holds their bytes read into an aligned bounce buffer of the reading thread,
+    `threads` at once, and each extent's bytes copied out of it into the tensor's memory (new
+    host memory, or the flat uint8 host tensors of `into`). One copy more than the packed
+    stream's read, as kvikio's POSIX path reads through its bounce buffers, and no page of the
+    checkpoint left in the page cache. Raises as `read_packed`."""
+    import threading
+
+    layout.check_files(targets, m)
+    chosen = list(range(len(m.tensors))) if only is None else list(only)
+    if into is not None:
+        out = {i: t.numpy() for i, t in zip(chosen, into, strict=True)}
+    else:  # one buffer on huge pages, as `_to_host`'s; the tensors' views keep it alive
+        at, total = {}, 0
+        for i in chosen:
+            at[i], total = total, total + odirect.align_up(m.tensors[i].nbytes, layout.TENSOR_ALIGN)
+        arr = odirect.HostBuffer(max(total, 1), prefault=False).array
+        out = {i: arr[at[i] : at[i] + m.tensors[i].nbytes] for i in chosen}
+    # (target, chunk index) -> the extents in it: (file offset, length, tensor, its position)
+    spans: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    for i in chosen:
+        pos = 0
+        for t, off, length in m.tensors[i].extents:
+            for k in range(off // chunk, (off + length - 1) // chunk + 1 if length else 0):
+                spans.setdefault((t, k), []).append((off, length, i, pos))
+            pos += length
+    paths = {t: layout.data_path(targets, m, t) for t in m.files}
+    fds: dict[int, int] = {}
+    local = threading.local()
+    buffers: list[odirect.HostBuffer] = []
+    lock = threading.Lock()
+
+    def read(key: tuple[int, int]) -> None:
+        t, k = key
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = odirect.HostBuffer(chunk)
+            with lock:
+                buffers.append(buf)
+        lo = k * chunk
+        length = min(chunk, int(m.files[t]["bytes"]) - lo)
+        want, done, view = odirect.align_up(length), 0, buf.array.data
+        while done < want:
+            n = os.preadv(fds[t], [view[done : min(want, done + odirect.MAX_IO)]], lo + done)
+            if n <= 0:
+                break
+            done += n
+            if n % odirect.ALIGN:  # the end of the file, inside a block
+                break
+        if done < length:
+            raise UserError(
+                f"checkpoint {m.name!r}: data file {paths[t]} ends at {lo + done} bytes "
+                f"(expected {lo + length})"
+            )
+        for off, size, i, pos in spans[key]:
+            a, b = max(lo, off), min(lo + length, off + size)
+            out[i][pos + a - off : pos + b - off] = buf.array[a - lo : b - lo]
+
+    try:
+        for t, path in paths.items():
+            fds[t] = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="readback") as pool:
+            for f in [pool.submit(read, key) for key in sorted(spans)]:
+                f.result()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        for b in buffers:
+            b.close()
+    if check and m.checksums:
+        for i in chosen:
+            layout.check_entry(targets, m, m.tensors[i], out[i])
+    flat = (
+        {i: torch.from_numpy(a) for i, a in out.items()}
+        if into is None
+        else dict(zip(chosen, into, strict=True))
+    )
+    return [layout.typed(flat[i], m.tensors[i]) for i in chosen]

@@ -123,7 +123,7 @@ class Gds(StripedEngine):
         for each of `checksums.SEGMENT_WORDS`). Through kvikio: its bounce buffers
         (`bounce_buffer_size`, 16 MiB by default, per thread, in compat mode) and restores
         straight into device memory; the emulation on CUDA: a pinned bounce buffer per writer
-        thread."""
+        thread; its restore a bounce buffer of a chunk per reading thread."""
         threads = options.threads_per_target * size.targets
         base = super().memory_plan(size, options)
         buffer = 0
@@ -140,13 +140,18 @@ class Gds(StripedEngine):
                 in_place_host=0,
             )
         bounce = threads * (options.chunk_bytes + 2 * odirect.ALIGN) if size.cuda else 0
+        # its restore reads with O_DIRECT through a bounce buffer of a chunk per reading thread
+        # (bench.storage.readback.read_extents), no more threads than the files have chunks
+        chunks = -(-size.nbytes // options.chunk_bytes) + size.targets
+        readers = min(options.read_threads_per_target * size.targets, chunks)
+        reads = readers * options.chunk_bytes
         return MemoryPlan(
             staging=bounce + (0 if size.cuda else buffer),
             staging_device=device if size.cuda else 0,
             pinned=size.cuda,
-            restore_host=base.restore_host,
+            restore_host=base.restore_host + reads,
             restore_device=base.restore_device,
-            in_place_host=base.in_place_host,
+            in_place_host=base.in_place_host + reads,
         )
 
     # -- kvikio settings and files ----------------------------------------------------------
