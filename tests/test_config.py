@@ -149,15 +149,14 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single.chunkbytes: unknown key (known: chunk_bytes, "
-            "threads_per_target, checksums, device, fallocate, max_write_bw, "
-            "read_threads_per_target, staging_chunks, copy_threads, overlap, overlap_writes)",
+            "threads_per_target, checksums, device, fallocate, max_write_bw, staging_chunks, "
+            "copy_threads, overlap, overlap_writes, read_threads_per_target)",
         ),
         (
             # gds has no snapshot: the snapshot's knobs are refused, not silently ignored
             {"engine_options": {"gds": {"copy_threads": 2}}},
             "engine_options.gds.copy_threads: unknown key (known: chunk_bytes, "
-            "threads_per_target, checksums, device, fallocate, max_write_bw, "
-            "read_threads_per_target, io, allow_compat, "
+            "threads_per_target, checksums, device, fallocate, max_write_bw, io, allow_compat, "
             "gds_threshold, register_buffers, coalesce_below, coalesce_bytes)",
         ),
         (

@@ -39,8 +39,8 @@ def plan(engine: str, cuda: bool, **options: Any):
 HOST = {
     # engine: (staging, save, fresh restore, in-place restore)
     # its coalescing buffer: small tensors may be there; its restore reads with O_DIRECT
-    # through a bounce buffer of a chunk per reading thread (8 a target, 2 targets, 16 MiB)
-    "gds": (64 * MiB, 0, S + 256 * MiB, 256 * MiB),
+    # through a bounce buffer of a chunk per reading thread (2 a target, 2 targets, 16 MiB)
+    "gds": (64 * MiB, 0, S + 64 * MiB, 64 * MiB),
     # its O_DIRECT restore reads into one buffer laid out as the packed stream (64-byte aligned
     # tensors); in place through its staging
     "cpu-single": (S + N * 4096, 0, S + N * 64, 0),
@@ -374,10 +374,10 @@ def test_run_preflight_says_every_verdict_and_runs_nothing(scratch, capsys, monk
         "synthetic-512MiB-16MiB x1 gds": "refused",
     }
     assert "refused: synthetic-512MiB-16MiB x1 cpu-single: host memory" in out
-    # in place: the state, and gds's restore reading through 8 bounce chunks of 16 MiB
+    # in place: the state, and gds's restore reading through 2 bounce chunks of 16 MiB
     assert (
-        "refused: synthetic-512MiB-16MiB x1 gds: host memory: needs 672MiB (state 512MiB, "
-        "save or restore 128MiB), 320MiB available"
+        "refused: synthetic-512MiB-16MiB x1 gds: host memory: needs 571.2MiB (state 512MiB, "
+        "save or restore 32MiB), 320MiB available"
     ) in out
     assert not (scratch / "out").exists()  # nothing run, no run directory
     cfg = _config(scratch, total_sizes=["1TiB"], tensor_sizes=["1GiB"])

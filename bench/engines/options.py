@@ -35,14 +35,6 @@ class StripedOptions(Strict):
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Rate | list[Rate | None] | None = None
-    # O_DIRECT reads in flight per target on a restore (cpu-single, gds through host memory;
-    # bench.storage.readback): a read into fresh memory faults its pages in as it lands, so more
-    # reads than writers keep the disk busy. 256 MiB of 64 MiB tensors, one target, side by side against the O_DIRECT
-    # read ceiling: 2 threads 0.78x, 4 0.80-0.84x, 8 0.87-0.92x, 16 0.92x (bench/PERF.md). A
-    # restore through the ring (to CUDA, or in place) holds one chunk per thread, plus one.
-    # gds's emulation reads each into a bounce buffer of a chunk. cpu-double reads through the
-    # page cache and ignores it.
-    read_threads_per_target: PosInt = 8
 
     @field_validator("chunk_bytes")
     @classmethod
@@ -69,6 +61,14 @@ class SnapshotOptions(StripedOptions):
     overlap: bool | Literal["auto"] = "auto"
     # With overlap: writes in flight while the snapshot still runs (0: no limit).
     overlap_writes: NonNeg = 1
+    # O_DIRECT reads in flight per target on a restore (bench.storage.readback): a read into
+    # fresh memory faults its pages in as it lands, so more reads than writers keep the disk
+    # busy. 256 MiB of 64 MiB tensors, one target, side by side against the O_DIRECT read
+    # ceiling: 2 threads 0.78x, 4 0.80-0.84x, 8 0.87-0.92x, 16 0.92x (bench/PERF.md). A restore
+    # through the ring (to CUDA, or in place) holds one chunk per thread, plus one. cpu-double
+    # reads through the page cache and ignores it. (gds reads with its writers' threads, as
+    # kvikio's thread pool does.)
+    read_threads_per_target: PosInt = 8
 
 
 class DoubleOptions(SnapshotOptions):

@@ -305,8 +305,9 @@ class StripedEngine:
         return None
 
     def _read_threads(self) -> int:
-        """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""
-        return int(self.options.read_threads_per_target) * len(self.targets)
+        """O_DIRECT reads in flight on a restore through host memory: the writers' threads
+        (gds, as kvikio's thread pool reads with the threads it writes with)."""
+        return int(self.options.threads_per_target) * len(self.targets)
 
     def _read_ring(self, packed: readback.Packed) -> np.ndarray:
         """Aligned host memory (pinned on CUDA) for a restore through a ring of chunks."""
@@ -574,6 +575,10 @@ class SnapshotEngine(StripedEngine):
             restore_device=stream if size.cuda else 0,
             in_place_host=ring,
         )
+
+    def _read_threads(self) -> int:
+        """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""
+        return int(self.options.read_threads_per_target) * len(self.targets)
 
     def _readback(self, m: manifest.Manifest) -> readback.Packed | None:
         """cpu-single (O_DIRECT) reads its packed stream back with O_DIRECT; cpu-double reads

@@ -457,7 +457,8 @@ def read_extents(
         t, k = key
         buf = getattr(local, "buf", None)
         if buf is None:
-            buf = local.buf = odirect.HostBuffer(chunk)
+            # not pre-faulted: the first read into it faults its pages in
+            buf = local.buf = odirect.HostBuffer(chunk, prefault=False)
             with lock:
                 buffers.append(buf)
         lo = k * chunk
@@ -482,7 +483,9 @@ def read_extents(
     try:
         for t, path in paths.items():
             fds[t] = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="readback") as pool:
+        # no more threads (and bounce chunks) than there are chunks to read
+        workers = max(1, min(threads, len(spans)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="readback") as pool:
             for f in [pool.submit(read, key) for key in sorted(spans)]:
                 f.result()
     finally:

@@ -143,7 +143,7 @@ class Gds(StripedEngine):
         # its restore reads with O_DIRECT through a bounce buffer of a chunk per reading thread
         # (bench.storage.readback.read_extents), no more threads than the files have chunks
         chunks = -(-size.nbytes // options.chunk_bytes) + size.targets
-        readers = min(options.read_threads_per_target * size.targets, chunks)
+        readers = min(threads, chunks)
         reads = readers * options.chunk_bytes
         return MemoryPlan(
             staging=bounce + (0 if size.cuda else buffer),
