@@ -142,6 +142,25 @@ def device_copies(device: torch.device) -> DeviceCopies:
 # -- reading --------------------------------------------------------------------------------
 
 
+def read_aligned(fd: int, dst: np.ndarray, offset: int, length: int, name: str, path: str) -> None:
+    """`length` bytes of an O_DIRECT file from `offset` (aligned) into `dst` (aligned, at least
+    `length` rounded up to a block): the read runs to the next block boundary, or stops short
+    at the end of the file; a file that ends before `length` is a UserError."""
+    view, want, done = dst.data, odirect.align_up(length), 0
+    while done < want:
+        n = os.preadv(fd, [view[done : done + min(odirect.MAX_IO, want - done)]], offset + done)
+        if n <= 0:
+            break
+        done += n
+        if n % odirect.ALIGN:  # the end of the file, inside a block
+            break
+    if done < length:
+        raise UserError(
+            f"checkpoint {name!r}: data file {path} ends at {offset + done} bytes "
+            f"(expected {offset + length})"
+        )
+
+
 class _Files:
     """The checkpoint's data files, open with O_DIRECT; reads whole chunks into aligned memory."""
 
@@ -159,23 +178,7 @@ class _Files:
     def read(self, j: int, dst: np.ndarray) -> None:
         """Chunk j into `dst` (aligned, at least its length rounded up to a block)."""
         t, offset, _, length = self.p.place(j)
-        view = dst.data
-        want = odirect.align_up(length)
-        done = 0
-        while done < want:
-            n = os.preadv(
-                self.fds[t], [view[done : done + min(odirect.MAX_IO, want - done)]], offset + done
-            )
-            if n <= 0:
-                break
-            done += n
-            if n % odirect.ALIGN:  # the end of the file, inside a block
-                break
-        if done < length:
-            raise UserError(
-                f"checkpoint {self.m.name!r}: data file {self.paths[t]} ends at "
-                f"{offset + done} bytes, inside chunk {j} (expected {offset + length})"
-            )
+        read_aligned(self.fds[t], dst, offset, length, self.m.name, self.paths[t])
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -463,19 +466,7 @@ def read_extents(
                 buffers.append(buf)
         lo = k * chunk
         length = min(chunk, int(m.files[t]["bytes"]) - lo)
-        want, done, view = odirect.align_up(length), 0, buf.array.data
-        while done < want:
-            n = os.preadv(fds[t], [view[done : min(want, done + odirect.MAX_IO)]], lo + done)
-            if n <= 0:
-                break
-            done += n
-            if n % odirect.ALIGN:  # the end of the file, inside a block
-                break
-        if done < length:
-            raise UserError(
-                f"checkpoint {m.name!r}: data file {paths[t]} ends at {lo + done} bytes "
-                f"(expected {lo + length})"
-            )
+        read_aligned(fds[t], buf.array, lo, length, m.name, paths[t])
         for off, size, i, pos in spans[key]:
             a, b = max(lo, off), min(lo + length, off + size)
             out[i][pos + a - off : pos + b - off] = buf.array[a - lo : b - lo]
