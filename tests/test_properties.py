@@ -193,6 +193,31 @@ def entries_of(nbytes: list[int]) -> list[manifest.TensorEntry]:
     return [manifest.TensorEntry(f"[{i}]", "uint8", [n], n) for i, n in enumerate(nbytes)]
 
 
+def manifest_of(
+    targets: list[str],
+    file_bytes: dict[int, int],
+    entries: list[manifest.TensorEntry],
+    extra: dict | None = None,
+) -> manifest.Manifest:
+    """The manifest of checkpoint "ckpt" (save id zeros) whose files hold `file_bytes` and whose
+    tensors are `entries`, with their checksums."""
+    return manifest.Manifest(
+        name="ckpt",
+        engine="test",
+        targets=targets,
+        files={
+            t: {"file": manifest.data_file_name(t, "0" * 16), "bytes": b}
+            for t, b in file_bytes.items()
+        },
+        tensors=entries,
+        tree=None,
+        checksums=True,
+        payload_bytes=sum(e.nbytes for e in entries),
+        save_id="0" * 16,
+        **({"extra": extra} if extra else {}),
+    )
+
+
 def write_in_memory(pieces: list[layout.Piece], file_bytes: dict[int, int]) -> dict[int, bytearray]:
     """The target files the pieces make (in memory); no two pieces may overlap."""
     files = {t: bytearray(n) for t, n in file_bytes.items()}
@@ -340,23 +365,22 @@ def test_pieces_written_to_files_read_back(
                 os.close(fd)
         for e, mem in zip(entries, mems, strict=True):
             e.xxh3 = checksums.checksum(mem)
-        m = manifest.Manifest(
-            name="ckpt",
-            engine="test",
-            targets=targets,
-            files={
-                t: {"file": manifest.data_file_name(t, "0" * 16), "bytes": b}
-                for t, b in file_bytes.items()
-            },
-            tensors=entries,
-            tree=None,
-            checksums=True,
-            payload_bytes=sum(nbytes),
-            save_id="0" * 16,
-        )
+        m = manifest_of(targets, file_bytes, entries)
         got = layout.read_tensors(targets, m)
         for g, mem in zip(got, mems, strict=True):
             assert bytes(g.numpy()) == bytes(mem)
+        # The same files read with O_DIRECT whatever their layout (gds's restore), through
+        # bounce chunks smaller than the layout's, so that extents straddle them: new memory,
+        # a subset in its order, and in place.
+        read = chunk // 2 if chunk > 4096 else chunk
+        got = readback.read_extents(targets, m, threads=3, chunk=read)
+        assert [bytes(g.numpy()) for g in got] == [bytes(mem) for mem in mems]
+        some = list(range(len(nbytes)))[::-2]
+        got = readback.read_extents(targets, m, threads=2, chunk=read, only=some)
+        assert [bytes(g.numpy()) for g in got] == [bytes(mems[i]) for i in some]
+        into = [torch.zeros(b, dtype=torch.uint8) for b in nbytes]
+        readback.read_extents(targets, m, threads=2, chunk=read, into=into)
+        assert [bytes(t.numpy()) for t in into] == [bytes(mem) for mem in mems]
         # One flipped byte of a tensor's data is found by its checksum, named.
         k = next((i for i, b in enumerate(nbytes) if b), None)
         if k is not None:
@@ -369,6 +393,8 @@ def test_pieces_written_to_files_read_back(
                 f.write(bytes([byte ^ 0x40]))
             with pytest.raises(ChecksumError, match=rf"tensor state\[{k}\] does not match"):
                 layout.read_tensors(targets, m)
+            with pytest.raises(ChecksumError, match=rf"tensor state\[{k}\] does not match"):
+                readback.read_extents(targets, m, threads=2, chunk=read)
             # without the check, the bytes as they are on the disk
             got = layout.read_tensors(targets, m, check=False)
             assert bytes(got[k].numpy())[1:] == bytes(mems[k])[1:]
@@ -414,21 +440,7 @@ def packed_checkpoint(
             e.xxh3 = checksums.checksum(b)
     finally:
         buf.close()
-    m = manifest.Manifest(
-        name="ckpt",
-        engine="test",
-        targets=targets,
-        files={
-            t: {"file": manifest.data_file_name(t, "0" * 16), "bytes": b}
-            for t, b in file_bytes.items()
-        },
-        tensors=entries,
-        tree=None,
-        checksums=True,
-        payload_bytes=sum(nbytes),
-        save_id="0" * 16,
-        extra={"chunk_bytes": chunk, "o_direct": True},
-    )
+    m = manifest_of(targets, file_bytes, entries, {"chunk_bytes": chunk, "o_direct": True})
     return targets, m, data
 
 
