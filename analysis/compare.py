@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import runs, stats
+from analysis import external, runs, stats
 from analysis.figures.common import save
 from analysis.figures.compare import compare_bandwidth
 from analysis.report.doc import Doc
@@ -140,20 +140,44 @@ class Comparison:
     warnings: list[str]
     forced: bool
     notes: list[str] = field(default_factory=list)  # what must be said of single runs
+    # other tools' results (analysis.external), each with its letter after the runs'
+    others: list[tuple[str, external.External]] = field(default_factory=list)
+    external_table: pd.DataFrame | None = None
 
 
 def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> Comparison:
-    """Compare each run with the first on the cases both have."""
+    """Compare each run with the first on the cases both have, and each other tool's result
+    file (fio, gdsio, MLPerf Storage: analysis.external) with every case of the first."""
     if len(run_dirs) < 2:
-        raise UserError("compare: give at least two run directories")
+        raise UserError("compare: give at least two run directories, or a run and a result file")
     if metric not in METRICS:
         raise UserError(f"--metric: unknown metric {metric!r} (known: {', '.join(METRICS)})")
-    rs = [runs.load(d) for d in run_dirs]
+    if not external.is_run_dir(run_dirs[0]) and os.path.isfile(run_dirs[0]):
+        raise UserError(
+            f"{run_dirs[0]}: compare's first argument is the ckptbench run the others are set "
+            "against; give the result file after it"
+        )
+    rs = [runs.load(run_dirs[0])]
+    loaded = []
+    for d in run_dirs[1:]:
+        if external.is_run_dir(d):
+            rs.append(runs.load(d))
+        else:
+            loaded.append(external.load(d))
+    others = [(_letter(len(rs) + j), e) for j, e in enumerate(loaded)]
+    if others and metric not in external.DIRECTION:
+        raise UserError(
+            f"--metric {metric}: another tool's result ({others[0][1].path}) gives bandwidth "
+            f"only; use --metric {' or '.join(external.DIRECTION)}"
+        )
     a = rs[0]
     refusals, warns = [], []
     for i, b in enumerate(rs[1:], 1):
         refusals += essential_differences(a, b, "A", _letter(i))
         warns += other_differences(a, b, "A", _letter(i))
+    for lb, e in others:
+        refusals += external.refusals(a.emulated, lb, e)
+        warns += external.warnings(metric, lb, e)
     if refusals and not force:
         raise UserError(
             "runs not comparable: " + "; ".join(refusals) + " (use --force to compare anyway)"
@@ -166,37 +190,59 @@ def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> 
             if key not in ga:
                 continue
             g = ga[key]
-            r = stats.ratio_ci(g[col].to_numpy(), gb[col].to_numpy())
-            lb = _letter(i)
-            if not np.isfinite(r.low):
-                verdict = "n < 2: no interval"
-            elif not r.significant:
-                verdict = "not significant"
-            elif (r.ratio > 1) == higher:
-                verdict = f"{lb} better"
-            else:
-                verdict = f"{lb} worse"
             rec = dict(zip(CASE_KEY, key, strict=True))
-            rec.update(
-                run=lb,
-                mode_a=_mode(g),
-                mode_b=_mode(gb),
-                n_a=r.n_a,
-                n_b=r.n_b,
-                median_a=float(np.median(g[col])),
-                median_b=float(np.median(gb[col])),
-                ratio=r.ratio,
-                ci_low=r.low,
-                ci_high=r.high,
-                p_value=r.p_value,
-                significant=r.significant,
-                verdict=verdict,
-            )
+            rec.update(run=_letter(i), mode_a=_mode(g), mode_b=_mode(gb))
+            rec.update(_ratio(g[col].to_numpy(), gb[col].to_numpy(), higher, _letter(i)))
             rows.append(rec)
-    if not rows:
+    if len(rs) > 1 and not rows:
         raise UserError("compare: the runs share no case (engine, workload, SSD count)")
-    table = stats.ordered(pd.DataFrame(rows)).reset_index(drop=True)
-    return Comparison(rs, metric, table, refusals, warns, force, clock_notes(rs))
+    table = stats.ordered(pd.DataFrame(rows)).reset_index(drop=True) if rows else pd.DataFrame()
+    ext_table = _external_table(a, others, metric) if others else None
+    return Comparison(rs, metric, table, refusals, warns, force, clock_notes(rs), others, ext_table)
+
+
+def _ratio(a: np.ndarray, b: Any, higher: bool, lb: str) -> dict[str, Any]:
+    """Medians, B/A with its interval and p, and the verdict, of one case."""
+    r = stats.ratio_ci(a, b)
+    if not np.isfinite(r.low):
+        verdict = "n < 2: no interval"
+    elif not r.significant:
+        verdict = "not significant"
+    elif (r.ratio > 1) == higher:
+        verdict = f"{lb} better"
+    else:
+        verdict = f"{lb} worse"
+    return dict(
+        n_a=r.n_a,
+        n_b=r.n_b,
+        median_a=float(np.median(a)),
+        median_b=float(np.median(b)),
+        ratio=r.ratio,
+        ci_low=r.low,
+        ci_high=r.high,
+        p_value=r.p_value,
+        significant=r.significant,
+        verdict=verdict,
+    )
+
+
+def _external_table(
+    a: Run, others: list[tuple[str, external.External]], metric: str
+) -> pd.DataFrame:
+    """Every case of A against every point of the other tools in the metric's direction."""
+    col, _, higher = METRICS[metric]
+    rows = []
+    for lb, e in others:
+        for p in e.points:
+            if p.direction != external.DIRECTION[metric]:
+                continue
+            for key, g in a.ok.groupby(CASE_KEY, sort=False):
+                rec: dict[str, Any] = dict(zip(CASE_KEY, key, strict=True))
+                rec.update(run=lb, source=p.label, path=p.path, durable=p.durable)
+                rec.update(mode_a=_mode(g), detail=p.detail)
+                rec.update(_ratio(g[col].to_numpy(), np.asarray(p.GBps), higher, lb))
+                rows.append(rec)
+    return pd.DataFrame(rows)
 
 
 def clock_notes(rs: list[Run]) -> list[str]:
@@ -258,33 +304,114 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def _run_env(run: Run) -> dict[str, str]:
+    e = run.env
+    gpu = e.get("gpu", {})
+    mem = e.get("memory_bytes")
+    return {
+        "tool": f"ckptbench {e.get('packages', {}).get('ckptbench', '?')}",
+        "when": run.run_id[:16],
+        "host": str(e.get("host", "?")),
+        "CPU": str(e.get("cpu", {}).get("model", "?")),
+        "cores": str(e.get("cpu", {}).get("logical_cores", "?")),
+        "memory": f"{mem / 2**30:.0f} GiB" if mem else "?",
+        "GPU": str(gpu.get("name") or ("none: host-emulated" if run.emulated else "?")),
+        "kernel": str(e.get("kernel", "?")),
+        "storage": _storage(run),
+    }
+
+
+ENV_ROWS = ["tool", "when", "host", "hosts", "CPU", "cores", "memory", "GPU", "accelerators",
+            "kernel", "storage"]  # fmt: skip
+
+
+def environments(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """What each side records of its machine, side by side ("-": the side does not say)."""
+    cols = [(_letter(i), _run_env(r)) for i, r in enumerate(c.runs)]
+    cols += [(lb, e.env) for lb, e in c.others]
+    rows = [[k, *(env.get(k, "-") for _, env in cols)] for k in ENV_ROWS]
+    return ["", *(lb for lb, _ in cols)], [r for r in rows if any(v != "-" for v in r[1:])]
+
+
+def external_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    _, unit, _ = METRICS[c.metric]
+    headers = ["other", "measurement", "its path", "durable", "engine", "workload", "SSDs",
+               "mode A", "n A", "n", f"A: {unit}", "other: same", "other / A", "95% CI",
+               "verdict"]  # fmt: skip
+    rows = []
+    t = c.external_table
+    for r in [] if t is None else t.to_dict("records"):
+        ci = "-" if not np.isfinite(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
+        durable = {True: "yes", False: "no", None: "unknown"}[r["durable"]]
+        rows.append(
+            [
+                r["run"],
+                r["source"],
+                r["path"],
+                durable if c.metric == "write" else "-",
+                r["engine"],
+                r["workload"],
+                str(r["n_targets"]),
+                r["mode_a"],
+                str(r["n_a"]),
+                str(r["n_b"]),
+                stats.fmt(r["median_a"]),
+                stats.fmt(r["median_b"]),
+                f"{r['ratio']:.3f}",
+                ci,
+                r["verdict"],
+            ]  # fmt: skip
+        )
+    return headers, rows
+
+
+def _legend(c: Comparison) -> list[str]:
+    lines = [f"{_letter(i)} = {r.run_id} ({r.path})" for i, r in enumerate(c.runs)]
+    return lines + [f"{lb} = {e.tool}: {e.path}" for lb, e in c.others]
+
+
+EXTERNAL_NOTE = (
+    "Other tools' results: each point against every case of A. Their GB/s are decimal (gdsio's "
+    "and DLIO's GiB/s converted); 'durable' says whether the tool's write timing ran until "
+    "fsync, as A's write GB/s does. A single published number has no interval."
+)
+
+
 def text(c: Comparison) -> str:
     """What the terminal shows."""
-    lines = [f"{_letter(i)} = {r.run_id} ({r.path})" for i, r in enumerate(c.runs)]
+    lines = _legend(c)
     if c.forced and c.refusals:
         lines += [f"WARNING: NOT COMPARABLE, compared because of --force: {x}" for x in c.refusals]
     lines += [f"warning: {w}" for w in c.warnings]
     if any(r.emulated for r in c.runs):
         lines.append("note: host-emulated rows (no GPU): not GPU numbers")
     lines += [f"note: {n}" for n in c.notes]
-    lines += ["", text_table(*table_rows(c))]
-    n_sig = int(c.table["significant"].sum())
-    lines.append(
-        f"\n{n_sig} of {len(c.table)} differences are outside the noise (95% CI excludes 1)"
-    )
+    if not c.table.empty:
+        lines += ["", text_table(*table_rows(c))]
+        n_sig = int(c.table["significant"].sum())
+        lines.append(
+            f"\n{n_sig} of {len(c.table)} differences are outside the noise (95% CI excludes 1)"
+        )
+    if c.others:
+        lines += ["", EXTERNAL_NOTE, ""]
+        h, rows = external_rows(c)
+        lines.append(text_table(h, rows) if rows else "(no measurement in this direction)")
+        lines += ["", "Environments:", text_table(*environments(c))]
     return "\n".join(lines)
 
 
 def write(c: Comparison, outdir: str) -> list[str]:
-    """compare.md, compare.csv and compare_bandwidth.png/pdf into outdir."""
+    """compare.md, compare.csv (runs), compare-external.csv (other tools) and, for two runs or
+    more, compare_bandwidth.png/pdf into outdir."""
     os.makedirs(outdir, exist_ok=True)
     col, unit, _ = METRICS[c.metric]
-    fig = compare_bandwidth(c.runs, c.table, c.metric, f"{unit}: run / A")
-    paths = save(fig, outdir, "compare_bandwidth")
-    csv_path = os.path.join(outdir, "compare.csv")
-    c.table.to_csv(csv_path, index=False)
+    paths: list[str] = []
     d = Doc()
-    d.h(1, "ckptbench compare: " + " vs ".join(r.run_id for r in c.runs))
+    d.h(
+        1,
+        "ckptbench compare: "
+        + " vs ".join([r.run_id for r in c.runs] + [e.tool for _, e in c.others]),
+    )
     if c.forced and c.refusals:
         for x in c.refusals:
             d.warn(f"NOT COMPARABLE (compared because of --force): {x}")
@@ -295,29 +422,57 @@ def write(c: Comparison, outdir: str) -> list[str]:
         )
     for n in c.notes:
         d.warn(n)
-    d.ul([f"{_letter(i)}: `{r.run_id}`, storage {_storage(r)}" for i, r in enumerate(c.runs)])
-    d.p(
-        f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
-        "percentile-bootstrap interval (scipy.stats.bootstrap, 4000 resamples) and a two-sided "
-        "Mann-Whitney U p-value; 'not significant' unless the interval excludes 1 and p < "
-        "0.05. With 3 repetitions a side p cannot fall below 0.1, so nothing is called "
-        "significant: run 5 or more repetitions to resolve differences."
-    )
-    d.table(*table_rows(c))
+    d.ul([f"{_letter(i)}: `{r.run_id}`, storage {_storage(r)}" for i, r in enumerate(c.runs)]
+         + [f"{lb}: {e.tool}, `{os.path.basename(e.path)}`" for lb, e in c.others])  # fmt: skip
+    if not c.table.empty:
+        paths += save(
+            compare_bandwidth(c.runs, c.table, c.metric, f"{unit}: run / A"),
+            outdir,
+            "compare_bandwidth",
+        )
+        csv_path = os.path.join(outdir, "compare.csv")
+        c.table.to_csv(csv_path, index=False)
+        paths.append(csv_path)
+        d.p(
+            f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
+            "percentile-bootstrap interval (scipy.stats.bootstrap, 4000 resamples) and a "
+            "two-sided Mann-Whitney U p-value; 'not significant' unless the interval excludes 1 "
+            "and p < 0.05. With 3 repetitions a side p cannot fall below 0.1, so nothing is "
+            "called significant: run 5 or more repetitions to resolve differences."
+        )
+        d.table(*table_rows(c))
     if c.warnings:
         d.h(2, "Differences between the runs")
         d.ul(c.warnings)
-    d.img(
-        "compare_bandwidth.png",
-        "Write bandwidth curves of each run (a) and the ratio per "
-        "shared case with its 95% interval (b).",
-    )
+    if not c.table.empty:
+        d.img(
+            "compare_bandwidth.png",
+            "Write bandwidth curves of each run (a) and the ratio per "
+            "shared case with its 95% interval (b).",
+        )
+    if c.others and c.external_table is not None:
+        d.h(2, "Against other tools' results")
+        d.p(EXTERNAL_NOTE)
+        h, rows = external_rows(c)
+        if rows:
+            d.table(h, rows)
+            ext_csv = os.path.join(outdir, "compare-external.csv")
+            c.external_table.to_csv(ext_csv, index=False)
+            paths.append(ext_csv)
+        else:
+            d.p("None of them measured this direction.")
+        d.h(2, "Environments")
+        d.table(*environments(c))
     md = os.path.join(outdir, "compare.md")
     with open(md, "w") as f:
         f.write(d.markdown())
-    return [*paths, csv_path, md]
+    return [*paths, md]
 
 
 def default_outdir(c: Comparison) -> str:
-    """<last run>/report/compare-vs-<A's run id>."""
+    """<last run>/report/compare-vs-<A's run id>; against other tools only:
+    <A>/report/compare-vs-<the first file's name>."""
+    if len(c.runs) == 1 and c.others:
+        name = os.path.splitext(os.path.basename(os.path.normpath(c.others[0][1].path)))[0]
+        return os.path.join(c.runs[0].path, "report", f"compare-vs-{name}")
     return os.path.join(c.runs[-1].path, "report", f"compare-vs-{c.runs[0].run_id}")
