@@ -26,6 +26,7 @@ Imports analysis.model.profiles and analysis.model.predict.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -416,7 +417,7 @@ def text(v: Validation) -> str:
 def to_json(v: Validation) -> dict[str, Any]:
     w = v.worst
     return {
-        "file": v.path,
+        "file": os.path.relpath(v.path),
         "points": [r.to_json() for r in v.rows],
         "median_abs_error": v.median_error,
         "worst": {"id": w.point.id, "error": w.error, "why": w.point.why},
