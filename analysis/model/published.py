@@ -279,6 +279,8 @@ def in_unit(seconds: float, size: float, unit: str) -> float:
 
 def validate(path: Path = PUBLISHED) -> Validation:
     """Every point of the file beside the model's prediction."""
+    if not Path(path).is_file():
+        raise UserError(f"--validate: no such file {str(path)!r}")
     f: PublishedFile = _validated(path, PublishedFile)
     where = str(path)
     profiles = {n: source_profile(n, sp, where) for n, sp in f.profiles.items()}
