@@ -19,6 +19,7 @@ from bench.cli import main
 from bench.common.errors import UserError
 
 GIB = 1024**3
+REPO = Path(__file__).resolve().parent.parent
 
 
 def q(value: float | str, kind: str = "measured") -> dict[str, object]:
@@ -220,3 +221,18 @@ def test_the_report_section_carries_the_summary_and_the_table(tmp_path: Path) ->
     assert published_summary(bad).startswith(
         "The model against published measurements: not available ("
     )
+
+
+def test_the_readmes_quote_the_table_as_it_computes() -> None:
+    """README.md and analysis/README.md state the median error and the point count: they must
+    follow the file."""
+    v = published.validate()
+    for doc in ("README.md", "analysis/README.md"):
+        text = " ".join((REPO / doc).read_text().split())
+        assert f"{len(v.rows)} points from {v.sources} sources" in text or (
+            f"{len(v.rows)} points, {v.sources} sources" in text
+        ), doc
+        assert (
+            f"edian {'absolute ' if doc != 'README.md' else ''}error {100 * v.median_error:.0f} %"
+            in text
+        ), doc
