@@ -898,7 +898,7 @@ LAYERS = [
     ["stats", "cost", "scaling"],
     ["training", "model.profiles"],
     ["model.predict"],
-    ["model.host", "model.planning", "model.calibrate"],
+    ["model.host", "model.planning", "model.calibrate", "model.published"],
     ["model.render", "contention"],
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],

@@ -11,10 +11,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import stats
-from analysis.model import published
 from analysis.model.calibrate import near
 from analysis.model.predict import predict
 from analysis.model.profiles import THIS_MACHINE, Profile
+from analysis.model.published import PUBLISHED, source_list, validate
+from analysis.model.published import summary as validation_summary
+from analysis.model.published import table as validation_table
 from analysis.model.render import FORMULAS_MD, input_rows
 from analysis.report.doc import Doc
 from analysis.runs import Run
@@ -213,32 +215,32 @@ def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile
             d.ul([f"{k}: {v} ({kind}; {src})" for k, v, kind, src in input_rows(p)])
 
 
-def published_summary(path: Path = published.PUBLISHED) -> str:
+def published_summary(path: Path = PUBLISHED) -> str:
     """The one-paragraph summary of the model against published measurements (median error,
     the worst point and why); a line saying why not where the file cannot be read."""
     try:
-        return published.summary(published.validate(path))
+        return validation_summary(validate(path))
     except UserError as e:
         return f"The model against published measurements: not available ({e})."
 
 
-def published_section(d: Doc, path: Path = published.PUBLISHED) -> None:
+def published_section(d: Doc, path: Path = PUBLISHED) -> None:
     """The model against published GPU-server measurements: the summary, the table with each
     point's hardware, the sources and what was left out (`ckptbench model --validate`)."""
     d.h(3, "Model against published measurements")
     try:
-        v = published.validate(path)
+        v = validate(path)
     except UserError as e:
         d.warn(f"The model against published measurements: not available ({e})")
         return
     d.p(
-        published.summary(v)
+        validation_summary(v)
         + " Each point's profile is built from its own source's figures (`ckptbench model "
         "--validate` prints the table, `--json` gives it); error = (predicted - measured) / "
         "measured, * a miss of more than 25 %, (fig.) a value read off a figure."
     )
-    d.table(*published.table(v))
-    d.ul([f"[{i}] {s}" for i, s in enumerate(published.source_list(v), 1)])
+    d.table(*validation_table(v))
+    d.ul([f"[{i}] {s}" for i, s in enumerate(source_list(v), 1)])
     misses = [f"{r.point.id}: {r.point.why}" for r in v.rows if r.miss]
     if misses:
         d.p("Where it misses by more than 25 %, and why:")
