@@ -103,6 +103,9 @@ def test_planted_points_give_the_predictions_worked_by_hand(tmp_path: Path) -> N
     # the assumed inputs a prediction rests on are named
     assert next(r for r in v.rows if r.point.id == "gds-r").assumed == ("h2d_GBps",)
     assert next(r for r in v.rows if r.point.id == "cpu-r").assumed == ()
+    # an assumed figure that binds nothing (C = 100 GB/s, h on a write) is not named
+    assert next(r for r in v.rows if r.point.id == "pipe-w").assumed == ()
+    assert next(r for r in v.rows if r.point.id == "bounce-r").assumed == ("h2d_GBps",)
 
 
 def test_a_miss_needs_its_why_and_the_summary_names_the_worst(tmp_path: Path) -> None:

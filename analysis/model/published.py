@@ -132,7 +132,7 @@ class Row:
     point: Point
     hardware: Hardware
     predicted: float
-    assumed: tuple[str, ...]  # the profile inputs this prediction rests on that are assumed
+    assumed: tuple[str, ...]  # the assumed profile inputs that change this prediction
 
     @property
     def error(self) -> float:
@@ -237,23 +237,31 @@ def volume(p: Profile, drives: int) -> Profile:
     )
 
 
-# The profile inputs each path's prediction uses, by direction (for the "assumed" column).
-_USES = {
-    ("gds", "write"): ("ssd_write_GBps", "d2h_GBps"),
-    ("gds", "read"): ("ssd_read_GBps", "h2d_GBps"),
-    ("cpu-buffer", "write"): ("ssd_write_GBps",),
-    ("cpu-buffer", "read"): ("ssd_read_GBps",),
+# Each profile input as the field of `Profile` it fills.
+FIELDS = {
+    "d2h_GBps": "d2h_Bps",
+    "h2d_GBps": "h2d_Bps",
+    "ssd_write_GBps": "ssd_write_Bps",
+    "ssd_read_GBps": "ssd_read_Bps",
+    "host_copy_GBps": "host_copy_Bps",
+    "gds_link_GBps": "link_Bps",
+    "serialize_GBps": "serialize_Bps",
 }
 
 
-def uses(path: str, direction: str) -> tuple[str, ...]:
-    if (path, direction) in _USES:
-        return _USES[path, direction]
-    if direction == "read":
-        return ("ssd_read_GBps", "h2d_GBps", "host_copy_GBps")
-    return ("ssd_write_GBps", "d2h_GBps", "host_copy_GBps") + (
-        ("serialize_GBps",) if path == "torch-save" else ()
-    )
+def rests_on(p: Profile, point: Point, size: float) -> tuple[str, ...]:
+    """The assumed inputs the point's prediction depends on: those whose doubling changes it
+    (an assumed figure that binds nothing is not named)."""
+    base = predicted_s(p, point, size)
+    out = []
+    for key, (kind, _) in (p.sources or {}).items():
+        field = FIELDS.get(key)
+        if kind != "assumed" or field is None or getattr(p, field) is None:
+            continue
+        moved = predicted_s(replace(p, **{field: 2 * getattr(p, field)}), point, size)
+        if not math.isclose(moved, base, rel_tol=1e-9):
+            out.append(key)
+    return tuple(out)
 
 
 def predicted_s(p: Profile, point: Point, size: float) -> float:
@@ -294,17 +302,12 @@ def validate(path: Path = PUBLISHED) -> Validation:
             known = ", ".join(profiles) or "none"
             raise UserError(f"{at}.profile: unknown profile {pt.profile!r} (known: {known})")
         if (pt.unit == "s") != (pt.what != "throughput"):
-            raise UserError(
-                f"{at}.unit: a {pt.what} is given in {'GB/s or GiB/s' if pt.what == 'throughput' else 's'}, not {pt.unit}"
-            )
+            want = "GB/s or GiB/s" if pt.what == "throughput" else "s"
+            raise UserError(f"{at}.unit: a {pt.what} is given in {want}, not {pt.unit}")
         size = float(parse_size(pt.size, f"{at}.size"))
         prof = profiles[pt.profile]
         pred = in_unit(predicted_s(prof, pt, size), size, pt.unit)
-        src = prof.sources or {}
-        assumed = tuple(
-            k for k in uses(pt.path, pt.direction) if src.get(k, ("", ""))[0] == "assumed"
-        )
-        row = Row(pt, f.profiles[pt.profile].hardware, pred, assumed)
+        row = Row(pt, f.profiles[pt.profile].hardware, pred, rests_on(prof, pt, size))
         if row.miss and not pt.why:
             raise UserError(
                 f"{at}.why: the model misses {pt.id} by {100 * row.error:+.0f} %; "
@@ -331,8 +334,9 @@ def source_list(v: Validation) -> list[str]:
 
 def table(v: Validation) -> tuple[list[str], list[list[str]]]:
     """The validation table: point, source ([k] of `source_list`), hardware, path, measured,
-    predicted, error."""
+    predicted, error, and the assumed inputs the prediction rests on."""
     headers = ["point", "source", "hardware", "path", "measured", "predicted", "error"]
+    headers.append("rests on assumed")
     keys = source_list(v)
     rows = []
     for r in v.rows:
@@ -347,6 +351,7 @@ def table(v: Validation) -> tuple[list[str], list[list[str]]]:
                 fmt_value(p.measured, p.unit) + fig,
                 fmt_value(r.predicted, p.unit),
                 f"{100 * r.error:+.0f} %" + (" *" if r.miss else ""),
+                ", ".join(r.assumed) or "-",
             ]
         )
     return headers, rows
