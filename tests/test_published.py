@@ -227,8 +227,8 @@ def test_the_report_section_carries_the_summary_and_the_table(tmp_path: Path) ->
 
 
 def test_the_readmes_quote_the_table_as_it_computes() -> None:
-    """README.md and analysis/README.md state the median error and the point count: they must
-    follow the file."""
+    """README.md and analysis/README.md state the point count, the median error and the misses:
+    they must follow the file."""
     v = published.validate()
     for doc in ("README.md", "analysis/README.md"):
         text = " ".join((REPO / doc).read_text().split())
@@ -239,3 +239,10 @@ def test_the_readmes_quote_the_table_as_it_computes() -> None:
             f"edian {'absolute ' if doc != 'README.md' else ''}error {100 * v.median_error:.0f} %"
             in text
         ), doc
+        misses = sum(r.miss for r in v.rows)
+        said = (
+            f"{misses} of {len(v.rows)} points miss"
+            if doc == "README.md"
+            else f"The {misses} misses"
+        )
+        assert said in text, doc

@@ -346,7 +346,8 @@ def table(v: Validation) -> tuple[list[str], list[list[str]]]:
             [
                 p.id,
                 f"[{keys.index(p.source) + 1}] {p.where}",
-                f"{h.gpu}; {p.ssds} x {h.ssd}" + (f"; {p.gpus} GPUs" if p.gpus > 1 else ""),
+                f"{h.gpu}, PCIe {h.pcie}; {p.ssds} x {h.ssd}; {h.filesystem}"
+                + (f"; {p.gpus} GPUs at once" if p.gpus > 1 else ""),
                 f"{p.path} {p.direction} ({p.tool})",
                 fmt_value(p.measured, p.unit) + fig,
                 fmt_value(r.predicted, p.unit),
@@ -389,7 +390,8 @@ def summary(v: Validation) -> str:
         f"(configs/published.yaml), the model's median error is {100 * v.median_error:.0f} %; "
         f"{misses} point(s) miss by more than {100 * MISS:.0f} %. Worst: {w.point.id} "
         f"({w.point.source}, {w.point.where}), measured {fmt_value(w.point.measured, w.point.unit)}, predicted "
-        f"{fmt_value(w.predicted, w.point.unit)} ({100 * w.error:+.0f} %): {w.point.why}"
+        f"{fmt_value(w.predicted, w.point.unit)} ({100 * w.error:+.0f} %): "
+        f"{(w.point.why or 'within 25 %').rstrip('.')}."
     )
 
 
