@@ -20,7 +20,7 @@ A point's path says which of the model's terms it exercises:
 A point's drives form one volume (RAID-0 of `ssds` drives, or one drive): the model sees one
 target of `ssds` times a drive's bandwidth, shared by the point's `gpus`.
 
-Imports analysis.model.profiles and analysis.model.predict.
+Imports analysis.tables, analysis.model.profiles and analysis.model.predict.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from analysis.model.predict import predict
-from analysis.model.profiles import GB, Profile, Quoted, _validated
+from analysis.model.profiles import GB, Profile, Quoted, _number, _validated
 from analysis.tables import text_table
 from bench.common.errors import UserError
 from bench.common.sizes import parse_size
@@ -187,28 +187,18 @@ class Validation:
         return len({r.point.source for r in self.rows})
 
 
-def _num(q: Quoted, where: str) -> float:
-    try:
-        v = float(q.value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}.value: expected a number, got {q.value!r}") from None
-    if not v > 0:
-        raise UserError(f"{where}.value: must be positive, got {q.value!r}")
-    return v
-
-
 def source_profile(name: str, sp: SourceProfile, where: str) -> Profile:
     """A source's profile as the model's `Profile`: one drive, one GPU (a point scales it)."""
     keys = ("d2h_GBps", "h2d_GBps", "ssd_write_GBps", "ssd_read_GBps", "host_copy_GBps")
-    v = {k: _num(getattr(sp, k), f"{where}: profiles.{name}.{k}") * GB for k in keys}
+    v = {k: _number(getattr(sp, k), where, f"profiles.{name}.{k}") * GB for k in keys}
     sources = {k: (getattr(sp, k).kind, getattr(sp, k).source) for k in keys}
     link = None
     if sp.gds_link_GBps is not None:
-        link = _num(sp.gds_link_GBps, f"{where}: profiles.{name}.gds_link_GBps") * GB
+        link = _number(sp.gds_link_GBps, where, f"profiles.{name}.gds_link_GBps") * GB
         sources["gds_link_GBps"] = (sp.gds_link_GBps.kind, sp.gds_link_GBps.source)
     z = None
     if sp.serialize_GBps is not None:
-        z = _num(sp.serialize_GBps, f"{where}: profiles.{name}.serialize_GBps") * GB
+        z = _number(sp.serialize_GBps, where, f"profiles.{name}.serialize_GBps") * GB
         sources["serialize_GBps"] = (sp.serialize_GBps.kind, sp.serialize_GBps.source)
     return Profile(
         name=name,
