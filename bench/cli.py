@@ -200,6 +200,10 @@ def _cmd_model(args: argparse.Namespace) -> int:
     from analysis.model.render import feasibility_text, plan_json, plan_text
     from bench.common.sizes import parse_size
 
+    if args.validate is not None:
+        return _model_validate(args)
+    if args.profile is None:
+        raise UserError("model: give a PROFILE (e.g. dgx-h100-gen4), or --validate")
     restores = None  # each path's measured restore of the run's checkpoint, for --mtbf
     if args.from_run:
         if not is_filled_from_run(args.profile):
@@ -235,6 +239,24 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_validate(args: argparse.Namespace) -> int:
+    """`model --validate [FILE]`: the model against published measurements (--json: as JSON)."""
+    from pathlib import Path
+
+    from analysis.model import published
+
+    if args.profile is not None or args.from_run or args.mtbf is not None:
+        raise UserError("--validate: takes no PROFILE, --from-run or --mtbf")
+    v = published.validate(Path(args.validate) if args.validate else published.PUBLISHED)
+    if args.json:
+        import json
+
+        print(json.dumps(published.to_json(v), indent=2))
+    else:
+        print(published.text(v))
+    return 0
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from analysis import compare
 
@@ -260,8 +282,17 @@ def _analysis_parsers(sub: argparse._SubParsersAction) -> None:
     mp = sub.add_parser("model", help="the analytical model's feasibility table for a profile")
     mp.add_argument(
         "profile",
+        nargs="?",
         help="configs/hardware/<name>.yaml by name (e.g. dgx-h100-gen4) "
         "or a .yaml path; this-machine needs --from-run",
+    )
+    mp.add_argument(
+        "--validate",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="the model against published GPU-server measurements (default "
+        "configs/published.yaml): measured, predicted and the error of each",
     )
     mp.add_argument("--ssds", type=int, help="SSDs per GPU (default: the profile's)")
     mp.add_argument("--size", help="checkpoint size of one GPU, e.g. 80GB (default: the profile's)")
@@ -282,7 +313,11 @@ def _analysis_parsers(sub: argparse._SubParsersAction) -> None:
         "checkpoint back is added per path: its restore as measured (--from-run), else the "
         "model's",
     )
-    mp.add_argument("--json", action="store_true", help="with --mtbf: the plan as JSON")
+    mp.add_argument(
+        "--json",
+        action="store_true",
+        help="with --mtbf: the plan as JSON; with --validate: the table",
+    )
     mp.set_defaults(fn=_cmd_model)
     cp = sub.add_parser("compare", help="compare runs (e.g. two storage devices) case by case")
     cp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="RUN_A RUN_B [...]: each vs A")

@@ -20,6 +20,7 @@ from analysis.figures.planning import lost_fraction
 from analysis.figures.restore import restore_figure
 from analysis.figures.stall import stall_vs_ssds
 from analysis.figures.timeline import timeline
+from analysis.model import published
 from analysis.model.calibrate import from_run
 from analysis.model.planning import measured_restores, plan
 from analysis.model.predict import stall_ratio
@@ -897,7 +898,7 @@ LAYERS = [
     ["stats", "cost", "scaling"],
     ["training", "model.profiles"],
     ["model.predict"],
-    ["model.host", "model.planning", "model.calibrate"],
+    ["model.host", "model.planning", "model.calibrate", "model.published"],
     ["model.render", "contention"],
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],
@@ -971,3 +972,14 @@ def test_doc_html_is_its_markdown_rendered() -> None:
     assert "<td>a|b &lt;script&gt;</td>" in page
     assert '<img src="fig.png" alt="Figure 1" />' in page
     assert "<em>Figure 1. Stall against SSDs.</em>" in page
+
+
+def test_the_report_carries_the_model_against_published_measurements(built: Report) -> None:
+    """Every report says how the model fares against published GPU-server measurements: the
+    summary (median error, the worst point and why) and the table."""
+    md = Path(built.outdir, "report.md").read_text()
+    v = published.validate()
+    assert "### Model against published measurements" in md
+    assert published.summary(v) in md
+    assert f"median error is {100 * v.median_error:.0f} %" in md
+    assert v.worst.point.id in md

@@ -39,6 +39,7 @@ from analysis.model.profiles import (
 from analysis.model.render import describe_break_even, input_rows
 from bench.cli import main
 from bench.common.errors import UserError
+from bench.common.traits import BUILTIN
 
 FIX = Path(__file__).parent / "fixtures" / "runs"
 DEFAULT = FIX / "20261202T160516Z-default-b10c3b"
@@ -120,6 +121,28 @@ def test_restore_by_hand_two_ssds_two_gpus() -> None:
     assert predict(meas, "dcp", 4).restore_s == pytest.approx(100 / 1)  # Q(1) / g
     # without any read figure the restore is unknown, not a guess
     assert math.isnan(predict(prof(), "cpu-single").restore_s)
+
+
+def test_bounce_terms_by_hand_copy_beside_or_after_the_io() -> None:
+    """The bounce path's copy and its I/O: one after the other (DeepNVMe's one-process ds_io)
+    or side by side (a double buffer, several threads). g = 2, 2 SSDs each: d = 10, W_g = 10;
+    r = 8 a SSD, R_g = 16, h = 30, h_g = min(30, C / g = 10) = 10 GB/s."""
+    p = prof(ssd_read_Bps=8 * GB, h2d_Bps=30 * GB)
+    single = BUILTIN["cpu-single"]
+    # the default: the write after the copy (S/d + S/W_g), the read beside the copy
+    assert predict(p, "x", 4, traits=single).durable_s == pytest.approx(10 + 10)
+    assert predict(p, "x", 4, traits=single).restore_s == pytest.approx(100 / 10)
+    # write_overlaps_copy: the slower of the two, S / min(d, W_g)
+    beside = dataclasses.replace(single, stall="durable", write_overlaps_copy=True)
+    assert predict(p, "x", 4, traits=beside).durable_s == pytest.approx(100 / 10)
+    assert predict(p, "x", 4, traits=beside).stall_s == pytest.approx(100 / 10)
+    assert predict(p, "x", 8, traits=beside).durable_s == pytest.approx(100 / 10)  # d bounds
+    # read_overlaps_copy False: the whole read, then the copy: S/R_g + S/h_g
+    after = dataclasses.replace(single, read_overlaps_copy=False)
+    assert predict(p, "x", 4, traits=after).restore_s == pytest.approx(100 / 16 + 100 / 10)
+    # GDS has no copy: the trait does not touch it
+    gds_after = dataclasses.replace(BUILTIN["gds"], read_overlaps_copy=False)
+    assert predict(p, "x", 4, traits=gds_after).restore_s == pytest.approx(100 / 16)
 
 
 def test_one_gpu_alone_gets_the_whole_host() -> None:

@@ -20,6 +20,7 @@ from conftest import scratch_base
 
 from analysis import training as tstats
 from analysis.figures.training import _step_x, training_stall
+from analysis.model import published
 from analysis.report.build import build
 from bench import engines
 from bench.cli import main
@@ -438,6 +439,9 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     assert names == ["cpu-single", "gds", "torch-save"]
     assert all(r.endswith("| yes |") for r in rows)
     assert "Is GDS worth it" not in md  # no harness rows: only the training section
+    # every report carries the model against published measurements, in a line
+    assert "## The model against published measurements" in md
+    assert published.summary(published.validate()) in md
     assert rep.summary_text.splitlines()[0].startswith("engine")
 
 

@@ -5,5 +5,6 @@ predict    stall, time to durability and host memory of each engine; the GDS bre
 host       what checkpointing at the SSDs' rate costs the host (cores, DRAM bandwidth)
 planning   how often to checkpoint (Young/Daly) and the time lost
 calibrate  'this machine' from a measured run's ceilings
+published  the model against published GPU-server measurements (configs/published.yaml)
 render     what `ckptbench model` prints: text tables and the plan's JSON
 """

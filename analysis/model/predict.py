@@ -31,6 +31,10 @@ Symbols (bandwidths in B/s):
     snapshot, page cache, 1 SSD (dcp)      1/(1/min(P1(1)/g, C/g) + 1/z) S/d          S/d + S/r
     durable, O_DIRECT, 1 SSD (fastpersist) 1/(1/w_1 + 1/z)               S/d + S/r    = stall
 
+    An engine whose trait `write_overlaps_copy` is set copies the state out in chunks while
+    earlier chunks are written (a double buffer): its time to durability is S / min(d, r),
+    not S/d + S/r.
+
     An engine that serialises (trait `serializes`: torch.save's zip, DCP's items, FastPersist's
     torch.save into its writer) takes S/z for the format and then S/(write rate) for the bytes:
     the thread that serialises an item also issues its write, so the two do not overlap, and
@@ -56,8 +60,10 @@ Restore (a restart: the checkpoint read back from a cold page cache into the dev
     page cache, 1 SSD (dcp, torch-save,  min(Q(1)/g, C/g)                  S / min(q, h_g)
       safetensors)
 
-    The CPU paths overlap the read with the copy to the device (so the slower bounds it);
-    GDS reads into the device over its own link, not through host memory. The read kind is
+    The CPU paths overlap the read with the copy to the device (so the slower bounds it),
+    unless an engine's trait `read_overlaps_copy` is False: then the whole read lands in host
+    memory first and the restore is S/q + S/h_g (DeepNVMe's one-process bounce buffer). GDS
+    reads into the device over its own link, not through host memory. The read kind is
     the one the engine's restore is judged against (bench.measure.ceilings: O_DIRECT for an
     engine without page cache, buffered otherwise). A loader's own work (torch.load's
     unpickling) is not modelled. Restore unknown (NaN) where the profile has no read figure.
@@ -153,7 +159,8 @@ def predict(
         dur = s / min(p.link, rate)
         return Prediction(engine, dur, dur, t.host_copies * s, back)
     snap = s / d
-    durable = snap + s / rate
+    # the snapshot and the writes one after the other, or side by side (write_overlaps_copy)
+    durable = s / min(d, rate) if t.write_overlaps_copy else snap + s / rate
     stall = snap if t.stall == "snapshot" else durable
     return Prediction(engine, stall, durable, t.host_copies * s, back)
 
@@ -181,7 +188,9 @@ def restore_s(p: Profile, t: Traits, m: float, s: float, g: int, mapping: str = 
     if p.h2d_Bps is None:  # a host-emulated run: the restore lands in host memory
         return s / q
     link = p.h2d_Bps if t.from_device else min(p.h2d_Bps, p.host_copy_Bps / g)
-    return s / min(q, link)
+    if t.from_device or t.read_overlaps_copy:
+        return s / min(q, link)
+    return s / q + s / link  # the whole read first, then one copy to the device
 
 
 def predict_shared(

@@ -38,7 +38,7 @@ from analysis.report.contention import contention_section
 from analysis.report.doc import Doc, write_doc
 from analysis.report.environment import env_rows, training_env_rows
 from analysis.report.host import host_section
-from analysis.report.model import MODEL_CSV, model_frame, model_section
+from analysis.report.model import MODEL_CSV, model_frame, model_section, published_summary
 from analysis.report.restore import restore_section
 from analysis.report.scaling import scaling_section
 from analysis.report.summary import summary_section
@@ -210,6 +210,8 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0
         if clock is not None:
             d.warn(clock)
         training_section(d, tr)
+        d.h(2, "The model against published measurements")
+        d.p(published_summary() + " `ckptbench model --validate` prints the table.")
         d.h(2, "Environment")
         d.table(["", "value"], training_env_rows(tr.env))
         paths += [csv_path, *write_doc(d, outdir, tr.run_id)]

@@ -1,10 +1,12 @@
 """The report's section on the model: its formulas, this machine calibrated from the run, the
-model against the measurement (model_vs_measured.csv) and the hardware profiles.
+model against the measurement (model_vs_measured.csv), the model against published GPU-server
+measurements (configs/published.yaml) and the hardware profiles.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -12,9 +14,13 @@ from analysis import stats
 from analysis.model.calibrate import near
 from analysis.model.predict import predict
 from analysis.model.profiles import THIS_MACHINE, Profile
+from analysis.model.published import PUBLISHED, source_list, validate
+from analysis.model.published import summary as validation_summary
+from analysis.model.published import table as validation_table
 from analysis.model.render import FORMULAS_MD, input_rows
 from analysis.report.doc import Doc
 from analysis.runs import Run
+from bench.common.errors import UserError
 
 
 def model_frame(run: Run, this: Profile) -> pd.DataFrame:
@@ -197,6 +203,7 @@ def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile
             else "Every engine's median error is within 20 %."
         )
         d.table(*model_vs_measured(frame))
+    published_section(d)
     d.h(3, "Hardware profiles")
     d.p(
         "From `configs/hardware/*.yaml`; every figure cites shared/reference/figures.md or is "
@@ -206,3 +213,38 @@ def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile
         if p.name != THIS_MACHINE:
             d.p(f"**{p.name}**: {p.description}")
             d.ul([f"{k}: {v} ({kind}; {src})" for k, v, kind, src in input_rows(p)])
+
+
+def published_summary(path: Path = PUBLISHED) -> str:
+    """The one-paragraph summary of the model against published measurements (median error,
+    the worst point and why); a line saying why not where the file cannot be read."""
+    try:
+        return validation_summary(validate(path))
+    except UserError as e:
+        return f"The model against published measurements: not available ({e})."
+
+
+def published_section(d: Doc, path: Path = PUBLISHED) -> None:
+    """The model against published GPU-server measurements: the summary, the table with each
+    point's hardware, the sources and what was left out (`ckptbench model --validate`)."""
+    d.h(3, "Model against published measurements")
+    try:
+        v = validate(path)
+    except UserError as e:
+        d.warn(f"The model against published measurements: not available ({e})")
+        return
+    d.p(
+        validation_summary(v)
+        + " Each point's profile is built from its own source's figures (`ckptbench model "
+        "--validate` prints the table, `--json` gives it); error = (predicted - measured) / "
+        "measured, * a miss of more than 25 %, (fig.) a value read off a figure."
+    )
+    d.table(*validation_table(v))
+    d.ul([f"[{i}] {s}" for i, s in enumerate(source_list(v), 1)])
+    misses = [f"{r.point.id}: {r.point.why}" for r in v.rows if r.miss]
+    if misses:
+        d.p("Where it misses by more than 25 %, and why:")
+        d.ul(misses)
+    if v.left_out:
+        d.p("Left out, too thin to build a profile:")
+        d.ul([f"{x.source}: {x.why}" for x in v.left_out])

@@ -49,6 +49,15 @@ class Traits:
     # and writing every byte: the copy into the page cache of a buffered write, FastPersist's
     # copy into its pinned buffer. None: one for a page-cache path, none otherwise.
     host_passes: int | None = None
+    # How its copy between device and host memory meets its storage I/O (the CPU paths only;
+    # the model's bounce terms, held against published measurements in configs/published.yaml).
+    # write_overlaps_copy: it copies the state out in chunks while earlier chunks are written
+    # (a double buffer, several threads), so the slower of the two bounds the save rather than
+    # their sum. read_overlaps_copy: its restore copies chunks to the device while later chunks
+    # are read; False: the whole read lands in host memory before one copy to the device
+    # (DeepNVMe's ds_io bounce buffer, one process), so the two add up.
+    write_overlaps_copy: bool = False
+    read_overlaps_copy: bool = True
 
     def dram_per_byte(self, emulated: bool = False) -> tuple[float, float]:
         """(stall, persist) bytes of host DRAM traffic per checkpoint byte, derived from the
