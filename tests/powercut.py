@@ -267,7 +267,7 @@ class PowerCut:
             d = self._abs(dst, kw.get("dst_dir_fd"))
             note = self._unsynced(s) if self._under(s) else ""
             if note:
-                note = "its content not yet fsync'd"
+                note = "its content was not yet fsync'd"
             try:
                 same = os.lstat(s).st_ino == os.lstat(d).st_ino
             except OSError:
@@ -446,6 +446,16 @@ class PowerCut:
                             f"; it was renamed onto {name} at #{how.index} while {how.note}"
                             if how is not None and how.note
                             else ""
+                        )
+                        synced = [
+                            e
+                            for e in self.events[: cut.index + 1]
+                            if e.what in ("fsync", "fdatasync") and e.path == rel(p)
+                        ]
+                        why += (
+                            f"; its last fsync was #{synced[-1].index}"
+                            if synced
+                            else f"; {name} was never fsync'd"
                         )
                         lines.append(
                             f"{rel(p)}: {len(got)} of its {len(want)} bytes survive the cut, "

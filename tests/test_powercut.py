@@ -41,9 +41,22 @@ BASELINES = tuple(e for e in BASELINE_ENGINES if e in RUNNABLE)
 DONE = "the save returned"
 
 
+# gds through kvikio's CuFile, faked (tests/fake_kvikio.py: real files, os.pwrite, no fsync of
+# its own, as cuFile): its files are fsync'd by the writer's `finish`, not by `drain`.
+KVIKIO = "gds-kvikio-fake"
+KVIKIO_OPTIONS = {"io": "kvikio", "device": "cuda", "chunk_bytes": "1MiB", "coalesce_below": 0}
+
+
+def kind(engine: str) -> str:
+    """The registry's name of an engine of these tests."""
+    return "gds" if engine == KVIKIO else engine
+
+
 def options(engine: str) -> dict[str, Any]:
     """The striped engines' options; the baselines take their libraries' defaults."""
-    return OPTIONS if engines.traits_of(engine).stripes else {}
+    if engine == KVIKIO:
+        return KVIKIO_OPTIONS
+    return OPTIONS if engines.traits_of(kind(engine)).stripes else {}
 
 
 def state_of(seed: int) -> dict[str, torch.Tensor]:
@@ -62,21 +75,21 @@ def same(got: Any, want: dict[str, torch.Tensor]) -> bool:
 
 def engine_targets(engine: str, root: Path) -> list[str]:
     """Two targets for a striped engine, one for a baseline (it writes to its first only)."""
-    n = 2 if engines.traits_of(engine).stripes else 1
+    n = 2 if engines.traits_of(kind(engine)).stripes else 1
     out = [str(root / f"t{i}") for i in range(n)]
     for d in out:
         os.makedirs(d)
-    if engines.traits_of(engine).o_direct and odirect.probe(out[0]):
+    if engines.traits_of(kind(engine)).o_direct and odirect.probe(out[0]):
         pytest.skip(f"{engine}: {odirect.probe(out[0])}")
-    if engines.unavailable(engine, options(engine)):
-        pytest.skip(f"{engine}: {engines.unavailable(engine, options(engine))}")
+    if engines.unavailable(kind(engine), options(engine)):
+        pytest.skip(f"{engine}: {engines.unavailable(kind(engine), options(engine))}")
     return out
 
 
 def committed_files(engine: str, dirs: list[str], name: str) -> dict[str, set[str]]:
     """What each target's NAME directory holds once a save completed and nothing is left over."""
     d = [os.path.join(t, name) for t in dirs]
-    if not engines.traits_of(engine).stripes:
+    if not engines.traits_of(kind(engine)).stripes:
         sid = Path(d[0], "current").read_text().strip()
         return {d[0]: {"current", f"gen-{sid}"}}
     m = manifest.committed(dirs, name)
@@ -91,7 +104,7 @@ def committed_files(engine: str, dirs: list[str], name: str) -> dict[str, set[st
 
 def load(engine: str, dirs: list[str], name: str) -> tuple[Any, str]:
     """(the state loaded by a fresh engine, '') or (None, the refusal's message)."""
-    eng = engines.create(engine, dirs, **options(engine))
+    eng = engines.create(kind(engine), dirs, **options(engine))
     try:
         return eng.load(name), ""
     except UserError as e:
@@ -101,7 +114,7 @@ def load(engine: str, dirs: list[str], name: str) -> tuple[Any, str]:
 
 
 def record_save(engine: str, root: Path, dirs: list[str], name: str, state: Any) -> PowerCut:
-    eng = engines.create(engine, dirs, **options(engine))
+    eng = engines.create(kind(engine), dirs, **options(engine))
     try:
         eng.warm(state)
         with PowerCut(root) as pc:
@@ -135,9 +148,11 @@ def check_cut(
         )
     elif got is None:
         kept = "refused"
-        assert old is None, (
-            f"{where}: {name} is refused ({refused}), the old checkpoint is lost\n{pc.explain(cut)}"
-        )
+        if old is not None:
+            raise AssertionError(
+                f"{where}: {name} is refused ({refused}), the old checkpoint is lost\n"
+                f"{pc.explain(cut)}"
+            )
         assert f"checkpoint {name!r} is incomplete" in refused or (
             "no complete checkpoint" in refused or "does not exist" in refused
         ), f"{where}: {name} is refused with an unclear error: {refused}\n{pc.explain(cut)}"
@@ -155,7 +170,7 @@ def check_cut(
     assert (again is None) == (got is None) and (got is None or same(again, got)), (
         f"{where}: ckptbench clean changed what {name} loads as"
     )
-    eng = engines.create(engine, dirs, **options(engine))
+    eng = engines.create(kind(engine), dirs, **options(engine))
     try:
         try:
             eng.save(then, name).wait()
@@ -172,14 +187,12 @@ def check_cut(
     return kept
 
 
-@pytest.mark.parametrize("engine", STRIPED_ENGINES + BASELINES)
-def test_a_power_cut_at_any_step_of_a_save_keeps_the_old_checkpoint_or_the_new(
-    scratch: Path, engine: str
-) -> None:
-    root = scratch / "disk"
+def cut_a_save_over(engine: str, root: Path, states: list[Any]) -> None:
+    """Save states[0] as X, record a save of states[1] over it, check every cut (check_cut,
+    with states[2] as the next save)."""
+    old, new, then = states
     dirs = engine_targets(engine, root)
-    old, new, then = state_of(1), state_of(2), state_of(3)
-    eng = engines.create(engine, dirs, **options(engine))
+    eng = engines.create(kind(engine), dirs, **options(engine))
     try:
         eng.save(old, "X").wait()
     finally:
@@ -188,12 +201,38 @@ def test_a_power_cut_at_any_step_of_a_save_keeps_the_old_checkpoint_or_the_new(
     fsyncs = [e for e in pc.events if e.what == "fsync"]
     assert len(fsyncs) >= 3, f"{engine}: a save with {len(fsyncs)} fsyncs: {pc.events}"
     kept = [check_cut(engine, pc, c, dirs, "X", old, new, then) for c in pc.versions()]
-    # Both sides of the commit were cut, and the layer saw every step it could.
+    # Both sides of the commit were cut.
     assert kept[0] == "old" and kept[-1] == "new", kept
     print(
         f"\npower cuts engine={engine} steps={len(pc.events)} fsyncs={len(fsyncs)} "
         f"trees={len(kept)} old={kept.count('old')} new={kept.count('new')}"
     )
+
+
+@pytest.mark.parametrize("engine", STRIPED_ENGINES + BASELINES)
+def test_a_power_cut_at_any_step_of_a_save_keeps_the_old_checkpoint_or_the_new(
+    scratch: Path, engine: str
+) -> None:
+    cut_a_save_over(engine, scratch / "disk", [state_of(1), state_of(2), state_of(3)])
+
+
+def test_a_power_cut_of_gds_through_kvikio_keeps_the_old_checkpoint_or_the_new(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch, fake_cuda: Any
+) -> None:
+    """gds's kvikio path, on the fake kvikio and fake device memory: the files cuFile wrote
+    are made durable by the writer's own fsync (`finish`)."""
+    from fake_kvikio import FakeKvikio
+
+    from bench.engines import gds
+
+    stats = str(scratch / "nvidia-fs-stats")
+    fake = FakeKvikio(allocation_of=fake_cuda.allocation_of, nvfs_stats=stats).install(monkeypatch)
+    monkeypatch.setattr(gds.labels, "NVFS_STATS", stats)
+    try:
+        states = [fake_cuda.to_device(state_of(s)) for s in (6, 7, 8)]
+        cut_a_save_over(KVIKIO, scratch / "disk", states)
+    finally:
+        fake.uninstall()
 
 
 @pytest.mark.parametrize("engine", STRIPED_ENGINES + BASELINES)
