@@ -464,5 +464,8 @@ class PowerCut:
                         )
 
         walk(self.root, self._root_key, self._root_key)
-        head = f"power cut after {cut} (durable changes kept: {cut.version} of {len(self.changes)})"
+        head = (
+            f"power cut after {cut} (durable changes kept: {cut.version} of "
+            f"{len(self.changes)}); lost of what the files held when the recording ended:"
+        )
         return head + "".join(f"\n  - {line}" for line in lines or ["nothing lost"])

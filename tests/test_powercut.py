@@ -245,6 +245,10 @@ def test_a_power_cut_in_the_first_save_of_a_name_leaves_it_refused_or_whole(
     pc = record_save(engine, root, dirs, "Z", new)
     kept = [check_cut(engine, pc, c, dirs, "Z", None, new, then) for c in pc.versions()]
     assert kept[0] == "refused" and kept[-1] == "new", kept
+    print(
+        f"\npower cuts of a first save engine={engine} steps={len(pc.events)} "
+        f"trees={len(kept)} refused={kept.count('refused')} new={kept.count('new')}"
+    )
 
 
 def test_a_committed_manifest_survives_a_power_cut(scratch: Path) -> None:
@@ -327,8 +331,12 @@ def test_a_power_cut_loses_no_reported_row_and_leaves_no_half_written_file(scrat
         )
         with open(path, newline="") as f:
             table = list(csv.reader(f))
-        assert table and table[0] == header, f"{where}: results.csv's header is lost or torn"
-        assert all(len(r) == len(header) for r in table[1:]), f"{where}: a row is torn"
+        assert table and table[0] == header, (
+            f"{where}: results.csv's header is lost or torn\n{pc.explain(cut)}"
+        )
+        assert all(len(r) == len(header) for r in table[1:]), (
+            f"{where}: a row is torn\n{pc.explain(cut)}"
+        )
         reps = [int(r[header.index("rep")]) for r in table[1:]]
         assert reps[:reported] == list(range(reported)), (
             f"{where}: results.csv holds rows {reps}, {reported} were reported\n{pc.explain(cut)}"
