@@ -16,6 +16,11 @@ OSDI 2014) with one persistence model, the strictest that POSIX allows:
 - a directory named nowhere durable vanishes with everything under it;
 - everything under `root` when the recording starts is durable (the old checkpoint was).
 
+Why recorded syscalls and not a FUSE filesystem that forgets (LazyFS): a FUSE mount needs
+libfuse3, fusermount3 and a /dev/fuse open to the user (root-only on the machines these tests
+run on), and O_DIRECT through FUSE depends on the mount's direct_io mode; the recording needs
+none of that, runs the real engines on the real disk, and is deterministic.
+
 Nothing else becomes durable by itself: no writeback after a delay, no rename that carries its
 file's data with it. Between two fsyncs the durable tree does not change, so a cut after any
 recorded syscall (open, write, rename, unlink, ...) leaves the tree of the last fsync before it:
