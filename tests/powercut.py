@@ -452,13 +452,17 @@ class PowerCut:
                             if how is not None and how.note
                             else ""
                         )
+                        # its fsyncs, under its name or the temporary name renamed onto it
+                        names = {rel(p)}
+                        if how is not None and " -> " in how.path:
+                            names.add(how.path.split(" -> ")[0])
                         synced = [
                             e
                             for e in self.events[: cut.index + 1]
-                            if e.what in ("fsync", "fdatasync") and e.path == rel(p)
+                            if e.what in ("fsync", "fdatasync") and e.path in names
                         ]
                         why += (
-                            f"; its last fsync was #{synced[-1].index}"
+                            f"; its last fsync was #{synced[-1].index}, before its last write"
                             if synced
                             else f"; {name} was never fsync'd"
                         )

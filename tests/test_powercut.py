@@ -110,8 +110,10 @@ def load(engine: str, dirs: list[str], name: str) -> tuple[Any, str]:
         return eng.load(name), ""
     except UserError as e:
         return None, str(e)
-    except Exception as e:  # reported by check_cut, with what the cut lost
-        return None, f"not a clear refusal: {type(e).__name__}: {str(e)[:300]}"
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        return None, f"not a clear refusal: {type(e).__name__}: {str(e)[-300:]}"
     finally:
         eng.close()
 
