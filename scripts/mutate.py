@@ -16,12 +16,17 @@ Two things keep a run within minutes on 2 cores:
 The sessions run in WORKERS copies of the repository under .mutate/ (cosmic-ray writes each
 mutant into the file itself), each with its own server.
 
+Beside the mutants, every full run plants the defects of PLANTS one at a time (removals of an
+fsync, which no operator makes) and runs the tests that must catch each: the power-cut tests
+(tests/test_powercut.py). `--only plants` runs those alone.
+
 The score is killed / mutants run, and killed / (mutants run - equivalent ones). Survivors
 listed in scripts/mutate_equivalent.txt (module, line, operator, and why the mutant cannot
 change behaviour) are reported as equivalent; any other survivor makes the run exit 1.
 
     python scripts/mutate.py               # everything (make mutate)
     python scripts/mutate.py --only tree   # one module
+    python scripts/mutate.py --only plants # the planted defects only
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse
 import ast
 import os
 import re
+import shlex
 import shutil
 import socket
 import sqlite3
@@ -81,6 +87,36 @@ TESTS: dict[str, tuple[str, str]] = {
     ),
 }
 STRIPED_FUNCTIONS = {"commit", "abort", "prepare", "delete"}
+# Defects no operator makes (cosmic-ray never removes a call), planted one at a time into a copy
+# of the code by every full run (and by `--only plants`): name -> (file, the text removed or
+# changed, what replaces it, the tests that must fail). A plant whose tests pass is reported
+# like a survivor; a plant whose text is no longer in the file stops the run (update it).
+PLANTS: dict[str, tuple[str, str, str, str]] = {
+    "the manifest's temp file not fsync'd before its rename": (
+        "bench/storage/manifest.py",
+        "        os.fsync(f.fileno())\n    os.replace(tmp, final)\n",
+        "    os.replace(tmp, final)\n",
+        "tests/test_powercut.py -k 'committed_manifest or (at_any_step and cpu-single)'",
+    ),
+    "no fsync of the directory after the manifest's rename": (
+        "bench/storage/manifest.py",
+        "    os.replace(tmp, final)\n    fsync_dir(os.path.dirname(final))\n",
+        "    os.replace(tmp, final)\n",
+        "tests/test_powercut.py -k committed_manifest",
+    ),
+    "the data files not fsync'd before the commit (drain)": (
+        "bench/engines/stripes.py",
+        "            list(self.pool.map(os.fsync, fds.values()))\n",
+        "",
+        "tests/test_powercut.py -k 'at_any_step and cpu-single'",
+    ),
+    "the files kvikio wrote not fsync'd before the commit (finish)": (
+        "bench/engines/stripes.py",
+        "                os.fsync(fd)\n            finally:\n                os.close(fd)\n",
+        "                pass\n            finally:\n                os.close(fd)\n",
+        "tests/test_powercut.py -k kvikio",
+    ),
+}
 # Binary operators are mutated into +, - and * only (see the module docstring).
 DROPPED_OPERATORS = re.compile(
     r"core/ReplaceBinaryOperator_\w+_(Div|FloorDiv|Mod|Pow|RShift|LShift|BitOr|BitAnd|BitXor)$"
@@ -280,6 +316,28 @@ def _run_session(name: str, slot: Path, sock: str) -> Path:
     return db
 
 
+def _run_plants(slot: Path, sock: str) -> list[tuple[str, int]]:
+    """Plant each of PLANTS alone into the copy at `slot` and run its tests through the
+    server: (name, exit code) each, 0 where the tests did not catch it."""
+    out = []
+    for name, (module, old, new, tests) in PLANTS.items():
+        args = _PYTEST.split() + shlex.split(tests)
+        # the tests must pass without the plant, else the plant would look caught
+        if client(sock, args):
+            raise SystemExit(f"mutate: the tests of plant {name!r} fail without it: {tests}")
+        path = slot / module
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"mutate: plant {name!r}: its text is not in {module} once; update it")
+        path.write_text(text.replace(old, new))
+        try:
+            code = client(sock, args)
+        finally:
+            path.write_text(text)
+        out.append((name, code))
+    return out
+
+
 def _results(db: Path) -> list[tuple[str, str, int, str, str]]:
     """(outcome, module, line, operator, diff) of every mutant that ran."""
     con = sqlite3.connect(db)
@@ -315,7 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("pytest")
     c.add_argument("--socket", required=True)
     c.add_argument("args", nargs=argparse.REMAINDER)
-    p.add_argument("--only", action="append", choices=sorted(TESTS), help="these modules only")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=[*sorted(TESTS), "plants"],
+        help="these modules only (plants: the planted defects only)",
+    )
     p.add_argument("--workers", type=int, default=WORKERS)
     p.add_argument("--report", action="store_true", help="report the sessions under .mutate/")
     p.add_argument("--tests-at", help="score the tests of this git revision (today's code)")
@@ -326,13 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "pytest":
         return client(a.socket, [x for x in a.args if x != "--"])
 
-    names = a.only or list(TESTS)
+    names = [n for n in a.only or list(TESTS) if n != "plants"]
+    plants = not a.only or "plants" in a.only
     if a.report:
         return report(sorted(WORK.glob("w*/*.sqlite")), 0.0)
     WORK.mkdir(exist_ok=True)
     t0 = time.monotonic()
     slots, servers = [], []
-    for i in range(min(a.workers, len(names))):
+    for i in range(max(1, min(a.workers, len(names)))):
         slot = WORK / f"w{i}"
         _copy(slot, a.tests_at)
         sock = str(WORK / f"w{i}.sock")
@@ -366,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(len(slots)) as pool:
             for f in [pool.submit(worker, *s) for s in slots]:
                 f.result()
+        planted = _run_plants(*slots[0]) if plants else []
     finally:
         for _, sock in slots:
             try:
@@ -374,10 +439,10 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         for srv in servers:
             srv.wait(30)
-    return report(dbs, t0)
+    return report(dbs, t0, planted)
 
 
-def report(dbs: list[Path], t0: float) -> int:
+def report(dbs: list[Path], t0: float, planted: list[tuple[str, int]] | None = None) -> int:
     """The score, per module and in all, and every survivor: equivalent (with why) or not.
     The score counts a survivor judged equivalent as a survivor; the second score leaves
     them out (an equivalent mutant is the same program)."""
@@ -415,7 +480,12 @@ def report(dbs: list[Path], t0: float) -> int:
         f"mutate: score {score:.1%} ({killed}/{n}), {real:.1%} of the mutants that are not "
         f"equivalent ({killed}/{n - equivalent}){took}"
     )
-    return 1 if survived else 0
+    missed = [name for name, code in planted or [] if code == 0]
+    for name, code in planted or []:
+        print(f"  plant: {name}: {'NOT CAUGHT' if code == 0 else 'caught'}")
+    if planted:
+        print(f"mutate: {len(planted) - len(missed)} of {len(planted)} planted defects caught")
+    return 1 if survived or missed else 0
 
 
 if __name__ == "__main__":

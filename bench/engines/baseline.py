@@ -177,6 +177,18 @@ class BaselineEngine:
         """Drop what is held between saves (nothing here; the next `warm()` makes it again)."""
 
 
+def fsync_files(directory: str) -> None:
+    """fsync every file in `directory` (a library's files, whose own fsyncs are not enough)."""
+    for f in sorted(os.listdir(directory)):
+        p = os.path.join(directory, f)
+        if os.path.isfile(p):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
 def load_into(into: Any, tensors: Iterable[Any], count: int) -> Any:
     """Copy `count` restored tensors, taken one at a time from `tensors` (mapped from their file,
     or read one by one), into `into`'s, in place, and return `into`: a restore that holds no

@@ -74,6 +74,8 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
     import csv
     import os
 
+    from bench.storage.manifest import fsync_dir
+
     best = best_ceilings(env)
     if best is None or not os.path.exists(path):
         return 0
@@ -113,6 +115,7 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
     return changed
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bench.measure.columns import column, frame, missing, names, read_types, values
+from bench.storage.manifest import fsync_dir
 
 # --- results.csv: one row per repetition --------------------------------------------------
 
@@ -425,7 +426,14 @@ def new_run_dir(root: str, config_name: str) -> tuple[str, str]:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_id = f"{stamp}-{config_name}-{uuid.uuid4().hex[:6]}"
     path = os.path.join(root, run_id)
+    made = []  # the folders makedirs creates, each named in its parent durably after
+    p = path
+    while not os.path.exists(p):
+        made.append(p)
+        p = os.path.dirname(p)
     os.makedirs(path, exist_ok=False)
+    for d in reversed(made):
+        fsync_dir(os.path.dirname(d))
     return run_id, path
 
 
@@ -464,6 +472,8 @@ class RowWriter:
         if new:
             self._w.writeheader()
             self._sync()
+            # The file's name, durable too: a power cut would otherwise lose every row in it.
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
 
     def write(self, row: Any) -> None:
         """Append `row`: one of the file's type, or its cells by column name."""
@@ -488,13 +498,14 @@ class RowWriter:
 
 
 def write_json(path: str, data: Any) -> None:
-    """Write JSON atomically (temp file, fsync, rename)."""
+    """Write JSON atomically and durably (temp file, fsync, rename, fsync of the directory)."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True, default=str)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def read_csv(path: str, kind: type = Row) -> Any:

@@ -75,6 +75,10 @@ def claim(targets: list[str], name: str) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         with open(tmp, "w") as f:
             f.write(body)
+            # Durable before its name: a power cut after the commit made the name durable
+            # must not leave an empty record, which refuses every later save of NAME.
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
 
 
