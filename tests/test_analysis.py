@@ -894,7 +894,7 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 # import counts, a function's own included), so that a reader finds each job by its name and
 # nothing imports in circles. A new module joins the layer its imports put it in.
 LAYERS = [
-    ["tables", "runs"],
+    ["tables", "runs", "external"],
     ["stats", "cost", "scaling"],
     ["training", "model.profiles"],
     ["model.predict"],
