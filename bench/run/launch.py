@@ -90,6 +90,10 @@ def cli_run(args: Any) -> int | None:
     cfg = config_mod.load(args.config, args.set)  # config errors: one line, before any rank
     if cfg.ranks is None:
         return None
+    if cfg.mlperf is not None:  # this host's share of MLPerf's ranks, before they start
+        from bench.run.mlperf import host_check
+
+        host_check(cfg)
     if getattr(args, "preflight", False):
         # each rank judges its own shard before its first case; a table of them all would need
         # the ranks launched, and launching them is what --preflight promises not to do

@@ -221,10 +221,10 @@ class Sweep:
             names = plan.engines_at(cfg, the_plan.engines, g.n)
             for wl in wls:
                 total = None
-                if self.ranked and wl.model is None:
+                if self.ranked and wl.model is None and wl.mlperf is None:
                     item = DTYPES[cfg.dtype]
                     total = dist.shard_bytes(wl.total_bytes, g.k, 0, item, self.spec.shard)
-                size = wl.size(cfg, cuda, g.n, total)
+                size = wl.size(cfg, cuda, g.n, total, rank=w.rank)
                 extra = {}
                 if cfg.ceilings.enabled and cfg.ceilings.probes and not self.ranked:
                     extra["copy probe"] = 2 * min(size.nbytes, ceiling.PROBE_COPY_BYTES)
