@@ -8,6 +8,7 @@ all before it reads one). What does not fit is refused in one line, with the lar
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 from bench.common import sizes
 from bench.common.errors import UserError
@@ -56,6 +57,42 @@ def host_check(cfg: config_mod.Config, host_avail: int | None = None) -> None:
             f"{sizes.format_size(wl.total_bytes)} need {sizes.format_size(need)} on {target}, "
             f"{sizes.format_size(free)} is free; way out: --set mlperf.scale={_below(fit)}"
         )
+
+
+def mlperf_block(cfg: config_mod.Config) -> dict[str, Any]:
+    """env.json `mlperf`: the preset, its layout, the bytes of each rank of this host at full
+    size and as run, how it was scaled, and what DLIO v2.0 does with its fsync setting."""
+    m = cfg.mlperf
+    assert m is not None
+    model = mlperf_mod.model(m.preset)
+    ranks = mlperf_mod.host_ranks(model, m.host_procs)
+    full = {str(r): mlperf_mod.rank_shard(model, r) for r in ranks}
+    run = {str(r): mlperf_mod.shard_at(m.preset, r, m.scale) for r in ranks}
+    return {
+        "preset": m.preset,
+        "source": "mlcommons/storage v2.0-branch 0bfbd3aa configs/dlio/workload and "
+        "Submission_guidelines.md 2.2; argonne-lcf/dlio_benchmark mlperf_storage_v2.0 "
+        "392621b2 dlio_benchmark/checkpointing/base_checkpointing.py",
+        "layout": {"tp": model.tp, "pp": model.pp, "dp": model.dp, "zero": model.zero},
+        "world": model.world,
+        "host_procs": m.host_procs,
+        "host_ranks": ranks,
+        "mode": "subset" if len(ranks) < model.world else "default",
+        "total_bytes": mlperf_mod.total_bytes(model),
+        "published": model.published,
+        "host_bytes_full": sum(s.nbytes for s in full.values()),
+        "scale": m.scale,
+        "scaled": m.scale != 1,
+        "scale_note": "every tensor of every rank holds `scale` of its elements (at least one)",
+        "host_bytes_run": sum(s.nbytes for s in run.values()),
+        "rank_bytes_full": {r: s.nbytes for r, s in full.items()},
+        "rank_bytes_run": {r: s.nbytes for r, s in run.items()},
+        "checkpoints": cfg.repetitions,
+        "dlio_fsync": "DLIO v2.0 stores the config's checkpoint.fsync as checkpoint_sync "
+        "(dlio_benchmark/utils/config.py line 879) and saves with checkpoint_fsync "
+        "(line 110, default False; base_checkpointing.py lines 393-415): the writes it times "
+        "are not durable. dlio-style's stall_s is that interval, its total_s the durable one.",
+    }
 
 
 def _free(target: str) -> int | None:

@@ -30,6 +30,7 @@ from bench.run import plan, preflight
 from bench.run.cases import CaseRunner
 from bench.run.ceiling_runs import CeilingRunner
 from bench.run.core import Core
+from bench.run.mlperf import mlperf_block
 
 
 class Sweep:
@@ -367,6 +368,8 @@ class Sweep:
                 )
         if w.rank == 0:
             envb["preflight"] = self.preflight_block
+            if cfg.mlperf is not None:
+                envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
         measured = w.agree(
             "the ceilings",
