@@ -134,7 +134,7 @@ def rows_of(t: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     cells = [
         [
             str(r.engine),
-            str(int(r.checkpoints)),
+            str(r.checkpoints),
             _f(r.write_GiBps),
             _f(r.write_GiBps_rank0),
             _f(r.write_GiBps_not_durable),
