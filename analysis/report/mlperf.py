@@ -23,7 +23,9 @@ def mlperf_section(d: Doc, run: Run) -> None:
         f"MLPerf Storage v2.0's {m.get('preset', '?')} checkpoint: TP x PP x DP = "
         f"{lay.get('tp')} x {lay.get('pp')} x {lay.get('dp')} ({m.get('world')} ranks), ZeRO "
         f"{lay.get('zero')}; {_gib(m.get('total_bytes', 0))} in all by DLIO's arithmetic (the "
-        f"rules publish {m.get('published', '?')}). This host ran MLPerf's "
+        f"rules publish {m.get('published', '?')}"
+        + (f"; {m['published_note']}" if m.get("published_note") else "")
+        + "). This host ran MLPerf's "
         f"{m.get('mode', '?')} mode: ranks {ranks[0] if ranks else '?'}-"
         f"{ranks[-1] if ranks else '?'} of the layout, {_gib(m.get('host_bytes_full', 0))} a "
         "checkpoint at full size, each rank one file of its fp16 model states and one of its "

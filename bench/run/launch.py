@@ -195,4 +195,10 @@ def worker_main(args: Any) -> int:
         sys.stderr.flush()
         os._exit(code)
     _exit_code(rank, code)
-    return code
+    # The results are written and closed: end here, as the error paths do, rather than in the
+    # interpreter's teardown, where a library thread still joinable (seen once on one of 8
+    # ranks, after a finished run: "terminate called without an active exception") aborts the
+    # rank and torchrun calls the job failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

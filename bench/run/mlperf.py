@@ -80,6 +80,7 @@ def mlperf_block(cfg: config_mod.Config) -> dict[str, Any]:
         "mode": "subset" if len(ranks) < model.world else "default",
         "total_bytes": mlperf_mod.total_bytes(model),
         "published": model.published,
+        "published_note": mlperf_mod.NOTES.get(m.preset, ""),
         "host_bytes_full": sum(s.nbytes for s in full.values()),
         "scale": m.scale,
         "scaled": m.scale != 1,

@@ -33,7 +33,8 @@ Sources (every figure below is one of these, or follows from them by DLIO's own 
 
 With ZeRO-3 a rank's bytes come to about 14 x P / (TP x DP): fp16 weights (2 bytes) and three
 fp32 optimizer tensors (12 bytes) of its share. DLIO's sum over all ranks gives 104.70 GiB (8B),
-911.21 GiB (70B) and 5,292.25 GiB (405B), the rules' 105 GB, 912 GB and 5.29 TB in 1024^3 units.
+911.21 GiB (70B) and 5,292.25 GiB (405B): the rules' 105 GB, 912 GB and 5.29 TB, which count
+1024^3 bytes a "GB" (as DLIO prints them) and a thousand of those a "TB".
 For 1T it gives 15,426.59 GiB where the rules' table says 18 TB: mlpstorage's own estimate
 (mlpstorage/config.py line 79, LLM_SIZE_BY_RANK, "These need to be updated with actual
 values") is 2,571 + 15,426 GB; the bytes here are what DLIO writes.
@@ -80,6 +81,14 @@ MODELS: dict[str, MlperfModel] = {
         "llama3-405b", 126, 16384, 53248, 128, 8, 128256, 8, 32, 2, 1, "5.29 TB"
     ),
     "llama3-1t": MlperfModel("llama3-1t", 128, 25872, 98304, 192, 32, 128256, 8, 64, 2, 1, "18 TB"),
+}
+
+
+# Where DLIO's bytes and the rules' published size part (see the module).
+NOTES = {
+    "llama3-1t": "the rules' 18 TB is mlpstorage's estimate (mlpstorage/config.py line 79: "
+    "2,571 + 15,426 GB, 'These need to be updated with actual values'); DLIO writes "
+    "15,426.59 GiB for this layout",
 }
 
 
