@@ -5,7 +5,7 @@ For each engine and checkpoint, from the per-rank rows (aggregate rows are left 
 - the checkpoint's bytes = all the host's ranks' bytes (DLIO's "Total checkpoint size",
   allreduced over the ranks, base_checkpointing.py lines 164-170);
 - its duration as MLPerf's rules define it = the slowest rank's (Submission_guidelines.md
-  line 189), to durability for a write (total_s) and for a read restore_s;
+  line 188), to durability for a write (total_s) and for a read restore_s;
 - its duration as DLIO v2.0 computes it = rank 0's own (it stamps start and end on rank 0 with no
   barrier after the save: main.py lines 283-287, checkpoint_rank_sync default False,
   config.py line 114; statscounter.py lines 352-376, summary on rank 0, lines 146-168).

@@ -9,11 +9,11 @@ Sources (every figure below is one of these, or follows from them by DLIO's own 
   num_attention_heads, num_kv_heads, vocab_size, parallelism tensor / pipeline / zero_stage,
   model_datatype fp16, optimizer_datatype fp32, num_checkpoints_write 10, num_checkpoints_read
   10, fsync True.
-- [R] the same commit, Submission_guidelines.md section 2.2 (lines 93-197): Table 2 (TPxPPxDP
+- [R] the same commit, Submission_guidelines.md section 2.2 (lines 93-209): Table 2 (TPxPPxDP
   1x1x8, 8x1x8, 8x32x2, 8x64x2; ZeRO 3, 3, 1, 1; checkpoint size 105 GB, 912 GB, 5.29 TB,
   18 TB), subset mode ("writing/reading only a fraction (num_gpus/TP/PP/DP) of the checkpoint
   data", line 119), the order ("first perform the checkpoint write, then clear the cache, and
-  finally perform the checkpoint read", line 123), duration = the maximum across GPUs (line 189).
+  finally perform the checkpoint read", line 123), duration = the maximum across GPUs (line 188).
 - [C] the same commit, mlpstorage/config.py lines 67-73: 8 processes in subset mode
   (LLM_SUBSET_PROCS), and the data parallelism mlpstorage passes in subset mode (closed GPU
   count / GPUs per data-parallel instance: 8, 8, 2, 2; mlpstorage/benchmarks/dlio.py lines
@@ -36,7 +36,7 @@ fp32 optimizer tensors (12 bytes) of its share. DLIO's sum over all ranks gives 
 911.21 GiB (70B) and 5,292.25 GiB (405B): the rules' 105 GB, 912 GB and 5.29 TB, which count
 1024^3 bytes a "GB" (as DLIO prints them) and a thousand of those a "TB".
 For 1T it gives 15,426.59 GiB where the rules' table says 18 TB: mlpstorage's own estimate
-(mlpstorage/config.py line 79, LLM_SIZE_BY_RANK, "These need to be updated with actual
+(mlpstorage/config.py lines 77-79, LLM_SIZE_BY_RANK, "These need to be updated with actual
 values") is 2,571 + 15,426 GB; the bytes here are what DLIO writes.
 """
 
@@ -74,6 +74,12 @@ class MlperfModel:
         return self.tp * self.pp * self.dp
 
 
+# Each line from [W] configs/dlio/workload/llama3_NAME.yaml at v2.0-branch 0bfbd3aa: num_layers
+# (line 4; 1t: 5), hidden_size, ffn_hidden_size, num_attention_heads, num_kv_heads, vocab_size
+# (transformer:, lines 12-16; 1t: 13-17), tensor and pipeline (lines 8-9; 1t: 9-10), zero_stage
+# (line 10; 1t: 11); dp from [R] Table 2 (Submission_guidelines.md line 107) and [C]
+# (LLM_ALLOWED_VALUES, mlpstorage/config.py lines 69-73: closed GPUs / GPUs per DP instance);
+# the published size from [R] Table 2, line 109.
 MODELS: dict[str, MlperfModel] = {
     "llama3-8b": MlperfModel("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 1, 1, 8, 3, "105 GB"),
     "llama3-70b": MlperfModel("llama3-70b", 80, 8192, 28672, 128, 8, 128256, 8, 1, 8, 3, "912 GB"),
@@ -86,8 +92,8 @@ MODELS: dict[str, MlperfModel] = {
 
 # Where DLIO's bytes and the rules' published size part (see the module).
 NOTES = {
-    "llama3-1t": "the rules' 18 TB is mlpstorage's estimate (mlpstorage/config.py line 79: "
-    "2,571 + 15,426 GB, 'These need to be updated with actual values'); DLIO writes "
+    "llama3-1t": "the rules' 18 TB is mlpstorage's estimate (mlpstorage/config.py "
+    "lines 77-79: 2,571 + 15,426 GB, 'These need to be updated with actual values'); DLIO writes "
     "15,426.59 GiB for this layout",
 }
 
