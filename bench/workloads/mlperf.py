@@ -92,9 +92,9 @@ MODELS: dict[str, MlperfModel] = {
 
 # Where DLIO's bytes and the rules' published size part (see the module).
 NOTES = {
-    "llama3-1t": "the rules' 18 TB is mlpstorage's estimate (mlpstorage/config.py "
-    "lines 77-79: 2,571 + 15,426 GB, 'These need to be updated with actual values'); DLIO writes "
-    "15,426.59 GiB for this layout",
+    "llama3-1t": "that is mlpstorage's own estimate, 2,571 + 15,426 GB (mlpstorage/config.py "
+    "lines 77-79: 'These need to be updated with actual values'); DLIO writes 15,426.59 GiB "
+    "for this layout",
 }
 
 
