@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bench.common import sizes
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
@@ -161,6 +162,15 @@ class Sweep:
                 f"run {core.run_id}: {n_saves} saves on {self.device.kind}; results in "
                 f"{core.run_dir}" + (f" ({done} already recorded)" if done else "")
             )
+        if cfg.mlperf is not None:  # how it was scaled, said before the first checkpoint
+            mb = core.env.get("mlperf", {}) if w.rank == 0 else {}
+            if mb:
+                core.log(
+                    f"mlperf: {mb['preset']}, ranks {mb['host_ranks'][0]}-{mb['host_ranks'][-1]} "
+                    f"of {mb['world']} ({mb['mode']} mode), every rank's bytes x {mb['scale']:g}: "
+                    f"{sizes.format_size(mb['host_bytes_run'])} a checkpoint instead of "
+                    f"{sizes.format_size(mb['host_bytes_full'])}"
+                )
         if w.rank == 0:  # until the sweep ends, env.json says the run is unfinished
             core.env["sweep"] = {"planned_saves": n_saves, "finished": False}
             core.write_env()
