@@ -35,6 +35,7 @@ help:
 	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
 	@echo "make scaling  each path's cost against checkpoint size, 256 MiB to 12 GiB, with its report"
 	@echo "make many-tensors   80 MiB as 4 KiB, 64 KiB and 16 MiB tensors, and an MoE shard, with its report"
+	@echo "make mlperf   MLPerf Storage's checkpoint workload (llama3-1t, scaled to fit), with its report"
 	@echo "make train    stall in a real training loop (configs/training.yaml)"
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
@@ -143,6 +144,15 @@ scaling: $(BIN)/.installed
 many-tensors: $(BIN)/.installed
 	$(BIN)/ckptbench run configs/many-tensors.yaml $(ARGS); rc=$$?; \
 	run=$$(ls -d results/*-many-tensors-* 2>/dev/null | sort | tail -1); \
+	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
+
+# MLPerf Storage v2.0's checkpoint workload (configs/mlperf.yaml: llama3-1t's 8 ranks of one host,
+# every rank's bytes scaled to fit here, 10 writes, the cache cleared, 10 reads, every engine and
+# dlio-style, DLIO's own way of writing), and its report (MLPerf's metrics) in the run's report/.
+.PHONY: mlperf
+mlperf: $(BIN)/.installed
+	$(BIN)/ckptbench run configs/mlperf.yaml $(ARGS); rc=$$?; \
+	run=$$(ls -d results/*-mlperf-* 2>/dev/null | sort | tail -1); \
 	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
 
 # Each engine next to the device's ceilings (fio when installed) on one target, with the ratios.

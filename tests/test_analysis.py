@@ -895,7 +895,7 @@ def test_cli_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 # nothing imports in circles. A new module joins the layer its imports put it in.
 LAYERS = [
     ["tables", "runs", "external"],
-    ["stats", "cost", "scaling"],
+    ["stats", "cost", "scaling", "mlperf"],
     ["training", "model.profiles"],
     ["model.predict"],
     ["model.host", "model.planning", "model.calibrate", "model.published"],
@@ -903,7 +903,7 @@ LAYERS = [
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],
     ["report.host", "report.caveats", "report.summary", "report.model", "report.environment"]
-    + ["report.training", "report.contention", "report.scaling", "report.restore"],
+    + ["report.training", "report.contention", "report.scaling", "report.restore", "report.mlperf"],
     ["report.answer", "compare"],
     ["report.build"],
 ]

@@ -537,7 +537,7 @@ def _file_mappings(paths: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("engine", ["torch-save", "safetensors", "dcp"])
+@pytest.mark.parametrize("engine", ["torch-save", "safetensors", "dcp", "dlio-style"])
 def test_a_fresh_baseline_restore_owns_its_memory(make_engine, targets, engine):
     """A fresh restore of a baseline has read every byte when load() returns: its tensors live
     in the process's own memory, none in a mapping of the checkpoint's files (a lazily mapped
@@ -787,7 +787,7 @@ def test_dcp_options_round_trip(make_engine, targets, options):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
-@pytest.mark.parametrize("engine", ["torch-save", "dcp"])
+@pytest.mark.parametrize("engine", ["torch-save", "dcp", "dlio-style"])
 def test_baseline_save_replaces_by_switching_the_pointer(make_engine, targets, engine):
     dirs = targets(1)
     eng = make_engine(engine, dirs)
@@ -805,7 +805,7 @@ def test_baseline_save_replaces_by_switching_the_pointer(make_engine, targets, e
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is (disabled|unavailable)")
-@pytest.mark.parametrize("engine", [*STRIPED, "torch-save", "dcp"])
+@pytest.mark.parametrize("engine", [*STRIPED, "torch-save", "dcp", "dlio-style"])
 def test_status_of_saved_and_unknown_names(make_engine, targets, engine):
     eng = make_engine(engine, targets(2))
     assert eng.status("ckpt") == "absent"

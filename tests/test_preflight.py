@@ -49,6 +49,7 @@ HOST = {
     "safetensors": (0, 0, S, T),
     "dcp": (S, 0, S, T),
     "fastpersist": (64 * MiB, 0, S, None),
+    "dlio-style": (0, 0, S, 0),
 }
 
 

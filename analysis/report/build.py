@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import contention, cost, runs, scaling, stats, training
+from analysis import contention, cost, mlperf, runs, scaling, stats, training
 from analysis.figures.bandwidth import bandwidth_vs_tensor_size
 from analysis.figures.common import save
 from analysis.figures.contention import contention as contention_figure
@@ -38,6 +38,7 @@ from analysis.report.contention import contention_section
 from analysis.report.doc import Doc, write_doc
 from analysis.report.environment import env_rows, training_env_rows
 from analysis.report.host import host_section
+from analysis.report.mlperf import mlperf_section
 from analysis.report.model import MODEL_CSV, model_frame, model_section, published_summary
 from analysis.report.restore import restore_section
 from analysis.report.scaling import scaling_section
@@ -166,6 +167,8 @@ def document(
         contention_section(d, run, this)
     if scaling.present(run):
         scaling_section(d, run)
+    if mlperf.present(run):
+        mlperf_section(d, run)
     model_section(d, run, this, profiles)
 
     d.h(2, "Environment")

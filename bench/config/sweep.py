@@ -15,6 +15,7 @@ from pydantic import Field
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
 from bench.engines import ENGINES, validate_options
+from bench.workloads import mlperf as mlperf_mod
 from bench.workloads.presets import PRESETS, cut_error
 
 Mapping = Literal["shared", "dedicated", "per_target"]
@@ -93,6 +94,17 @@ class RanksSpec(Strict):
     timeout_s: Annotated[float, Field(gt=0)] = 60.0  # collectives; a lost rank fails by then
 
 
+class MlperfSpec(Strict):
+    """MLPerf Storage v2.0's checkpoint workload (bench.workloads.mlperf): one of its models, the
+    ranks of one host laid out as its subset mode lays them out, each rank's shard of DLIO's
+    model and optimizer states at `scale` of its bytes; every engine writes `repetitions`
+    checkpoints, the page cache is cleared, then it reads them back (bench.run.cases)."""
+
+    preset: str
+    scale: Annotated[float, Field(gt=0, le=1)] = 1.0  # of every rank's bytes (1: as published)
+    host_procs: PosInt = mlperf_mod.HOST_PROCS  # the GPUs (ranks) of this host
+
+
 class Config(Strict):
     """One sweep. Sizes are bytes after validation."""
 
@@ -120,6 +132,7 @@ class Config(Strict):
     engine_options: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()
     ranks: RanksSpec | None = None
+    mlperf: MlperfSpec | None = None
 
     def synthetic_cases(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """(total, tensor) pairs to run, and those skipped because tensor > total."""
@@ -159,7 +172,9 @@ def _check(cfg: Config) -> None:
         raise UserError(
             f"ssd_counts: {max(cfg.ssd_counts)} SSDs asked for, but targets lists only {len(cfg.targets)}"
         )
-    if not cfg.models and not (cfg.total_sizes and cfg.tensor_sizes):
+    if cfg.mlperf is not None:
+        _check_mlperf(cfg)
+    elif not cfg.models and not (cfg.total_sizes and cfg.tensor_sizes):
         raise UserError("total_sizes, tensor_sizes: give both (synthetic states) and/or models")
     if bool(cfg.total_sizes) != bool(cfg.tensor_sizes):
         raise UserError("total_sizes, tensor_sizes: give both or neither")
@@ -193,6 +208,31 @@ def _check(cfg: Config) -> None:
             raise UserError(f"models.{i}: {why}")
     if cfg.ranks is not None:
         _check_ranks(cfg)
+
+
+def _check_mlperf(cfg: Config) -> None:
+    """An MLPerf run is its workload alone, on the ranks of one host, without warm-ups."""
+    m = cfg.mlperf
+    assert m is not None
+    model = mlperf_mod.model(m.preset)
+    if cfg.models or cfg.total_sizes or cfg.tensor_sizes:
+        raise UserError(
+            "mlperf: the run's state is the preset's; give no models, total_sizes or tensor_sizes"
+        )
+    procs = len(mlperf_mod.host_ranks(model, m.host_procs))
+    r = cfg.ranks
+    if r is None or r.nproc != procs:
+        raise UserError(
+            f"ranks.nproc: {m.preset} runs {procs} ranks on a host of {m.host_procs} GPUs "
+            f"(MLPerf's subset mode), got {r.nproc if r else 'no ranks section'}"
+        )
+    if r.shard != "per_rank" or len(r.mapping) != 1 or (r.active and r.active != [procs]):
+        raise UserError(
+            "ranks: an MLPerf run has every rank save its own shard at once: shard per_rank, "
+            "one mapping, active all ranks"
+        )
+    if cfg.warmups:
+        raise UserError("warmups: MLPerf times every checkpoint; set warmups: 0")
 
 
 def _check_ranks(cfg: Config) -> None:

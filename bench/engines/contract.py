@@ -12,6 +12,7 @@ from bench.engines.base import Engine
 from bench.engines.cpu_double import CpuDouble
 from bench.engines.cpu_single import CpuSingle
 from bench.engines.dcp import Dcp
+from bench.engines.dlio_style import DlioStyle
 from bench.engines.fastpersist import FastPersist
 from bench.engines.gds import Gds
 from bench.engines.gds.parts import GdsEngine
@@ -27,6 +28,7 @@ CONTRACT: dict[str, type[Engine]] = {
     "dcp": Dcp,
     "safetensors": Safetensors,
     "fastpersist": FastPersist,
+    "dlio-style": DlioStyle,
 }
 
 

@@ -38,6 +38,7 @@ ENGINES: dict[str, Entry] = {
     "dcp": Entry("bench.engines.dcp:Dcp", opts.DcpOptions),
     "safetensors": Entry("bench.engines.safetensors_save:Safetensors", opts.NoOptions),
     "fastpersist": Entry("bench.engines.fastpersist:FastPersist", opts.FastPersistOptions),
+    "dlio-style": Entry("bench.engines.dlio_style:DlioStyle", opts.NoOptions),
 }
 
 

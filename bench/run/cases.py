@@ -105,6 +105,11 @@ class CaseRunner:
                 state = w.agree(f"the state of {wl.id}", partial(self.build, wl, g, admitted))
                 if self.ctx.cache_dropped and w.local_rank == 0:
                     measure.drop_page_cache()
+                if cfg.mlperf is not None:
+                    for e in dict.fromkeys(e for _, e in todo):
+                        self.mlperf_engine(g, wl, e, admitted.get(e), state)
+                    del state
+                    continue
                 probed = False
                 for i, e in todo:
                     if not probed and i >= cfg.warmups:
@@ -181,37 +186,7 @@ class CaseRunner:
         case_id, warm, rep = key
         base = plan.checkpoint_name(core.run_id, key)
         name = dist.shard_name(base, w.rank, g.k) if self.ranked else base
-        row: results.Row | None = None
-        if eng is not None:
-            mine = self.plan.my_targets(g, w.rank)
-            assert mine is not None
-            caps = cfg.target_caps()
-            capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
-            n_tensors, total = rows.tensor_stats(state)
-            row = results.Row(
-                run_id=core.run_id,
-                case_id=case_id,
-                engine=engine,
-                device=self.device.kind,
-                emulated=self.device.emulated,
-                workload=wl.id,
-                total_bytes=total,
-                tensor_bytes=min(wl.tensor_bytes, total) if self.ranked else wl.tensor_bytes,
-                n_tensors=n_tensors,
-                n_targets=g.n,
-                rep=rep,
-                warmup=warm,
-                cache_dropped=self.ctx.cache_dropped,
-                dtype=cfg.dtype if wl.model is None else wl.model.dtype,
-                options=rows.options_json(eng),
-                capped=capped,
-                rank=w.rank,
-                world_size=w.size,
-                node=w.host,
-                node_rank=w.node_rank,
-                ranks_active=g.k,
-                target_map=g.label,
-            )
+        row = self.new_row(g, wl, engine, eng, state, key)
         where = f"{case_id} {'warm-up' if warm else 'rep'} {rep}"
         try:
             w.barrier(f"the save of {where}")
@@ -252,6 +227,105 @@ class CaseRunner:
             and row.restore_into == "in-place"
             and bool(row.error or (cfg.verify and not row.verified))
         )
+
+    def new_row(
+        self,
+        g: Group,
+        wl: Workload,
+        engine: str,
+        eng: Clocked | None,
+        state: Any,
+        key: tuple[str, bool, int],
+    ) -> results.Row | None:
+        """This rank's row of one repetition, its measurements to come (None: not active)."""
+        if eng is None:
+            return None
+        cfg, w, core = self.cfg, self.world, self.core
+        case_id, warm, rep = key
+        mine = self.plan.my_targets(g, w.rank)
+        assert mine is not None
+        caps = cfg.target_caps()
+        capped = any(caps[j] for j in mine[1]) and REGISTRY[engine].traits.stripes
+        n_tensors, total = rows.tensor_stats(state)
+        return results.Row(
+            run_id=core.run_id,
+            case_id=case_id,
+            engine=engine,
+            device=self.device.kind,
+            emulated=self.device.emulated,
+            workload=wl.id,
+            total_bytes=total,
+            tensor_bytes=min(wl.tensor_bytes, total) if self.ranked else wl.tensor_bytes,
+            n_tensors=n_tensors,
+            n_targets=g.n,
+            rep=rep,
+            warmup=warm,
+            cache_dropped=self.ctx.cache_dropped,
+            dtype=cfg.dtype if wl.model is None else wl.model.dtype,
+            options=rows.options_json(eng),
+            capped=capped,
+            rank=w.rank,
+            world_size=w.size,
+            node=w.host,
+            node_rank=w.node_rank,
+            ranks_active=g.k,
+            target_map=g.label,
+        )
+
+    def mlperf_engine(
+        self, g: Group, wl: Workload, engine: str, eng: Clocked | None, state: Any
+    ) -> None:
+        """One engine through MLPerf Storage's order (bench.workloads.mlperf [R]): every rank
+        writes all the checkpoints (each after a barrier, each until durable), the page cache
+        is cleared (dropped where the run can, and each checkpoint's pages evicted and checked
+        gone before its read, bench.run.rows.restore_phase), then every rank reads them back in
+        turn. A checkpoint's rows hold its write and its read; rank 0 writes them, with their
+        aggregate, after the read. Rank 0 records when each phase began (env.json `mlperf`)."""
+        cfg, w, core = self.cfg, self.world, self.core
+        n = cfg.repetitions
+        keys = [plan.case_key(wl, g, engine, i, 0) for i in range(n)]
+        bases = [plan.checkpoint_name(core.run_id, k) for k in keys]
+        names = [dist.shard_name(b, w.rank, g.k) for b in bases]
+        mine = [self.new_row(g, wl, engine, eng, state, k) for k in keys]
+        events: list[dict[str, Any]] = []
+
+        def event(what: str, i: int | None = None) -> None:
+            events.append({"event": what, "checkpoint": i, "t_ns": measure.now_ns()})
+
+        try:
+            for i, row in enumerate(mine):
+                w.barrier(f"the write of {keys[i][0]} checkpoint {i}")
+                event("write", i)
+                if row is not None and eng is not None:
+                    self.save(row, eng, state, names[i], g)
+            w.barrier(f"the cache drop of {keys[0][0]}")
+            event("clear cache")
+            if self.ctx.cache_dropped and w.local_rank == 0:
+                measure.drop_page_cache()
+            for i, row in enumerate(mine):
+                w.barrier(f"the read of {keys[i][0]} checkpoint {i}")
+                event("read", i)
+                if row is not None and eng is not None and not row.error:
+                    self.restore(row, eng, engine, state, names[i], bases[i], g)
+                got = [r for r in w.all_gather(row, f"the rows of {keys[i][0]} {i}") if r]
+                bad = rows.fail_together(got, cfg.verify)
+                core.write(got)
+                core.write([rows.aggregate(got, self.ceilings)])
+                if core.bar is not None:
+                    core.bar.update(1)
+                if bad is not None:
+                    core.failed(
+                        f"case {keys[i][0]} checkpoint {i} on rank {bad.rank}",
+                        bad.error,
+                        f"{keys[i][0]}, rank {bad.rank}",
+                    )
+        finally:
+            if eng is not None:
+                for name in names:
+                    rows.delete_checkpoint(eng, name, core.warn)
+        if w.rank == 0:
+            core.env.setdefault("mlperf", {}).setdefault("order", {})[engine] = events
+            core.write_env()
 
     def save(self, row: results.Row, eng: Clocked, state: Any, name: str, g: Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))

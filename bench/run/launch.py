@@ -90,6 +90,10 @@ def cli_run(args: Any) -> int | None:
     cfg = config_mod.load(args.config, args.set)  # config errors: one line, before any rank
     if cfg.ranks is None:
         return None
+    if cfg.mlperf is not None:  # this host's share of MLPerf's ranks, before they start
+        from bench.run.mlperf import host_check
+
+        host_check(cfg)
     if getattr(args, "preflight", False):
         # each rank judges its own shard before its first case; a table of them all would need
         # the ranks launched, and launching them is what --preflight promises not to do
@@ -191,4 +195,10 @@ def worker_main(args: Any) -> int:
         sys.stderr.flush()
         os._exit(code)
     _exit_code(rank, code)
-    return code
+    # The results are written and closed: end here, as the error paths do, rather than in the
+    # interpreter's teardown, where a library thread still joinable (seen once on one of 8
+    # ranks, after a finished run: "terminate called without an active exception") aborts the
+    # rank and torchrun calls the job failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

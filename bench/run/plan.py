@@ -17,6 +17,7 @@ from bench.common import sizes
 from bench.common.errors import UserError
 from bench.config import sweep as config_mod
 from bench.engines import REGISTRY
+from bench.workloads import mlperf as mlperf_mod
 from bench.workloads.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -28,18 +29,31 @@ class Workload:
     """One state to checkpoint."""
 
     id: str
-    kind: str  # synthetic or model
+    kind: str  # synthetic, model or mlperf
     total_bytes: int  # planned (synthetic) or actual (model) tensor bytes
     tensor_bytes: int  # 0 for models (mixed sizes)
     model: config_mod.ModelSpec | None = None
+    mlperf: config_mod.MlperfSpec | None = None  # each rank its own shard of the preset
 
     def size(
-        self, cfg: config_mod.Config, cuda: bool, targets: int, total: int | None = None
+        self,
+        cfg: config_mod.Config,
+        cuda: bool,
+        targets: int,
+        total: int | None = None,
+        rank: int = 0,
     ) -> StateSize:
         """Its state's size (bench.engines.base.StateSize), without building it; `total`: a
-        rank's shard of a synthetic workload."""
+        rank's shard of a synthetic workload; `rank`: whose shard of an MLPerf preset."""
         from bench.engines.base import StateSize
 
+        if self.mlperf is not None:
+            shard = mlperf_mod.shard_at(self.mlperf.preset, rank, self.mlperf.scale)
+            parts = [n * mlperf_mod.MODEL_ITEM for layer in shard.model for n in layer]
+            parts += [n * mlperf_mod.OPTIM_ITEM for n in shard.optim]
+            return StateSize(
+                shard.nbytes, max(parts), len(parts), cuda, targets, smallest=min(parts)
+            )
         if self.model is None:
             nbytes = self.total_bytes if total is None else total
             each = min(self.tensor_bytes, nbytes)
@@ -58,13 +72,24 @@ class Workload:
         return StateSize(nbytes, largest, n, cuda, targets)
 
     def build(
-        self, cfg: config_mod.Config, device: Any, total: int | None = None, seed: int = 0
+        self,
+        cfg: config_mod.Config,
+        device: Any,
+        total: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
     ) -> Any:
-        """The state on `device` (`total` bytes of it for a rank's shard), random bits."""
+        """The state on `device` (`total` bytes of it for a rank's shard; rank `rank`'s shard of
+        an MLPerf preset), random bits."""
         import torch
 
         from bench.workloads import model_state, synthetic_state
 
+        if self.mlperf is not None:
+            from bench.workloads.models import mlperf_state
+
+            mp = self.mlperf
+            return mlperf_state(mp.preset, rank, mp.scale, device, cfg.seed + seed)
         if self.model is None:
             size = self.total_bytes if total is None else total
             return synthetic_state(
@@ -89,6 +114,15 @@ class Workload:
 
 def workloads(cfg: config_mod.Config) -> list[Workload]:
     out = []
+    if cfg.mlperf is not None:
+        mp = cfg.mlperf
+        wid = f"mlperf-{mp.preset}" + ("" if mp.scale == 1 else f"-scale{mp.scale:g}")
+        model = mlperf_mod.model(mp.preset)
+        total = sum(
+            mlperf_mod.shard_at(mp.preset, r, mp.scale).nbytes
+            for r in mlperf_mod.host_ranks(model, mp.host_procs)
+        )
+        return [Workload(wid, "mlperf", total, 0, mlperf=mp)]
     run, _ = cfg.synthetic_cases()
     for total, tensor in run:
         wid = f"synthetic-{sizes.format_size(total)}-{sizes.format_size(tensor)}"
@@ -224,6 +258,8 @@ def check_space(
 
     sized = [w.size(cfg, False, 1).nbytes for w in wls]
     largest = scale * max(sized, default=0)
+    if cfg.mlperf is not None:  # MLPerf writes all its checkpoints before it reads one
+        largest *= cfg.repetitions
     if not largest:
         return
     spec = cfg.ceilings

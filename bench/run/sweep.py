@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bench.common import sizes
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
@@ -30,6 +31,7 @@ from bench.run import plan, preflight
 from bench.run.cases import CaseRunner
 from bench.run.ceiling_runs import CeilingRunner
 from bench.run.core import Core
+from bench.run.mlperf import mlperf_block
 
 
 class Sweep:
@@ -160,6 +162,15 @@ class Sweep:
                 f"run {core.run_id}: {n_saves} saves on {self.device.kind}; results in "
                 f"{core.run_dir}" + (f" ({done} already recorded)" if done else "")
             )
+        if cfg.mlperf is not None:  # how it was scaled, said before the first checkpoint
+            mb = core.env.get("mlperf", {}) if w.rank == 0 else {}
+            if mb:
+                core.log(
+                    f"mlperf: {mb['preset']}, ranks {mb['host_ranks'][0]}-{mb['host_ranks'][-1]} "
+                    f"of {mb['world']} ({mb['mode']} mode), every rank's bytes x {mb['scale']:g}: "
+                    f"{sizes.format_size(mb['host_bytes_run'])} a checkpoint instead of "
+                    f"{sizes.format_size(mb['host_bytes_full'])}"
+                )
         if w.rank == 0:  # until the sweep ends, env.json says the run is unfinished
             core.env["sweep"] = {"planned_saves": n_saves, "finished": False}
             core.write_env()
@@ -221,10 +232,10 @@ class Sweep:
             names = plan.engines_at(cfg, the_plan.engines, g.n)
             for wl in wls:
                 total = None
-                if self.ranked and wl.model is None:
+                if self.ranked and wl.model is None and wl.mlperf is None:
                     item = DTYPES[cfg.dtype]
                     total = dist.shard_bytes(wl.total_bytes, g.k, 0, item, self.spec.shard)
-                size = wl.size(cfg, cuda, g.n, total)
+                size = wl.size(cfg, cuda, g.n, total, rank=w.rank)
                 extra = {}
                 if cfg.ceilings.enabled and cfg.ceilings.probes and not self.ranked:
                     extra["copy probe"] = 2 * min(size.nbytes, ceiling.PROBE_COPY_BYTES)
@@ -367,6 +378,8 @@ class Sweep:
                 )
         if w.rank == 0:
             envb["preflight"] = self.preflight_block
+            if cfg.mlperf is not None:
+                envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
         measured = w.agree(
             "the ceilings",

@@ -208,3 +208,29 @@ def _state(
             ],
         }
     return state
+
+
+def mlperf_state(
+    preset: str, rank: int, scale: float, device: torch.device | str = "cpu", seed: int = 0
+) -> dict[str, Any]:
+    """Rank `rank`'s checkpoint of an MLPerf Storage preset (bench.workloads.mlperf) at `scale`,
+    in DLIO's layout: `model`, its layers' fp16 tensors by layer index (absent where the rank
+    holds no model states), and `optim`, its fp32 optimizer tensors; random bits, as DLIO's
+    torch.rand fills them with no constant byte."""
+    from bench.workloads.mlperf import shard_at
+
+    shard = shard_at(preset, rank, scale)
+    rng = np.random.Generator(np.random.SFC64(seed))
+    memory = DeviceMemory(device)
+
+    def rand(n: int, dt: torch.dtype) -> torch.Tensor:
+        return fill_random(memory.empty((n,), dt), rng)
+
+    state: dict[str, Any] = {}
+    if shard.model:
+        state["model"] = {
+            str(i): {str(j): rand(n, torch.float16) for j, n in enumerate(layer)}
+            for i, layer in enumerate(shard.model)
+        }
+    state["optim"] = {str(j): rand(n, torch.float32) for j, n in enumerate(shard.optim)}
+    return state

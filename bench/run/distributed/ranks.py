@@ -223,6 +223,8 @@ class RankContext:
 def build_shard(ctx: RankContext, wl: Any, g: Group) -> Any:
     """This rank's shard of workload `wl` in group g, on its device."""
     w, cfg = ctx.world, ctx.cfg
+    if wl.mlperf is not None:  # its own shard of the preset, as MLPerf lays out the ranks
+        return wl.build(cfg, ctx.device.torch_device, seed=w.rank, rank=w.rank)
     item = DTYPES[cfg.dtype]
     size = shard_bytes(wl.total_bytes, g.k, w.rank, item, ctx.spec.shard)
     if size == 0:
