@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +263,16 @@ def _mode(g: pd.DataFrame) -> str:
     return "/".join(sorted(set(g["tag"]) - {""})).upper() or "-"
 
 
+def _numbers(r: Mapping[Any, Any]) -> list[str]:
+    """A row's counts, medians, ratio and interval, then its verdict."""
+    ci = "-" if not np.isfinite(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
+    return [str(r["n_a"]), str(r["n_b"]), stats.fmt(r["median_a"]), stats.fmt(r["median_b"]),
+            f"{r['ratio']:.3f}", ci, r["verdict"]]  # fmt: skip
+
+
+DURABLE = {True: "yes", False: "no", None: "unknown"}
+
+
 def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     _, unit, _ = METRICS[c.metric]
     headers = [
@@ -280,27 +291,11 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
         "p (Mann-Whitney)",
         "verdict",
     ]
-    rows = []
-    for r in c.table.to_dict("records"):
-        ci = "-" if not np.isfinite(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
-        rows.append(
-            [
-                r["run"],
-                r["engine"],
-                r["workload"],
-                str(r["n_targets"]),
-                r["mode_a"],
-                r["mode_b"],
-                str(r["n_a"]),
-                str(r["n_b"]),
-                stats.fmt(r["median_a"]),
-                stats.fmt(r["median_b"]),
-                f"{r['ratio']:.3f}",
-                ci,
-                stats.fmt(r["p_value"], 2),
-                r["verdict"],
-            ]
-        )
+    rows = [
+        [r["run"], r["engine"], r["workload"], str(r["n_targets"]), r["mode_a"], r["mode_b"],
+         *_numbers(r)[:-1], stats.fmt(r["p_value"], 2), r["verdict"]]
+        for r in c.table.to_dict("records")
+    ]  # fmt: skip
     return headers, rows
 
 
@@ -338,30 +333,13 @@ def external_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     headers = ["other", "measurement", "its path", "durable", "engine", "workload", "SSDs",
                "mode A", "n A", "n", f"A: {unit}", "other: same", "other / A", "95% CI",
                "verdict"]  # fmt: skip
-    rows = []
     t = c.external_table
-    for r in [] if t is None else t.to_dict("records"):
-        ci = "-" if not np.isfinite(r["ci_low"]) else f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"
-        durable = {True: "yes", False: "no", None: "unknown"}[r["durable"]]
-        rows.append(
-            [
-                r["run"],
-                r["source"],
-                r["path"],
-                durable if c.metric == "write" else "-",
-                r["engine"],
-                r["workload"],
-                str(r["n_targets"]),
-                r["mode_a"],
-                str(r["n_a"]),
-                str(r["n_b"]),
-                stats.fmt(r["median_a"]),
-                stats.fmt(r["median_b"]),
-                f"{r['ratio']:.3f}",
-                ci,
-                r["verdict"],
-            ]  # fmt: skip
-        )
+    rows = [
+        [r["run"], r["source"], r["path"],
+         DURABLE[r["durable"]] if c.metric == "write" else "-",
+         r["engine"], r["workload"], str(r["n_targets"]), r["mode_a"], *_numbers(r)]
+        for r in ([] if t is None else t.to_dict("records"))
+    ]  # fmt: skip
     return headers, rows
 
 
