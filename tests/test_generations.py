@@ -378,6 +378,27 @@ def test_status_of_a_name(targets) -> None:
     assert generations.status(dirs, "n") == "incomplete"
 
 
+def test_a_claim_cut_short_is_no_checkpoint(targets) -> None:
+    """A kill (or a power cut) between the claim's temporary record and its rename leaves
+    `.targets.tmp-*`: the name is absent, as for a claim alone, and load says so; release frees
+    the folder of both. Status and load once disagreed here ('incomplete' against 'no complete
+    checkpoint'), which the crash test hit when the claim's fsync widened the window."""
+    dirs = targets(2)
+    generations.claim(dirs[:1], "n")
+    for d in dirs:
+        (Path(d) / "n").mkdir(exist_ok=True)
+        (Path(d) / "n" / ".targets.tmp-1a2b3c4d").write_text("")
+    assert generations.status(dirs, "n") == "absent"
+    with pytest.raises(UserError, match="no complete checkpoint 'n'"):
+        generations.read(dirs, "n")
+    assert generations.leftovers(dirs, "n") == []
+    (Path(dirs[1]) / "n" / "data-0.dead.bin").write_bytes(b"x")  # beside a dead save's file
+    assert generations.status(dirs, "n") == "incomplete"
+    generations.release(dirs, "n")
+    assert os.listdir(Path(dirs[0]) / "n") == []
+    assert sorted(os.listdir(Path(dirs[1]) / "n")) == [".targets.tmp-1a2b3c4d", "data-0.dead.bin"]
+
+
 @pytest.mark.parametrize("engine", STRIPED_ENGINES)
 def test_delete_removes_the_name_from_every_target(make_engine, targets, engine) -> None:
     dirs = targets(3)

@@ -82,14 +82,22 @@ def claim(targets: list[str], name: str) -> None:
         os.replace(tmp, path)
 
 
+def _is_claim(filename: str) -> bool:
+    """The target-list record, or the temporary file of one that a kill or a power cut left
+    before its rename: neither is part of a save."""
+    return filename == TARGETS_RECORD or filename.startswith(TARGETS_RECORD + ".tmp-")
+
+
 def release(targets: list[str], name: str) -> None:
-    """Drop the target-list record where it is all that `Ti/NAME/` holds (a first save of NAME
-    that failed): the name is free again for any list."""
+    """Drop the target-list record (and any temporary one a cut-short claim left) where that is
+    all `Ti/NAME/` holds (a first save of NAME that failed): the name is free again for any list."""
     for t in targets:
         d = checkpoint_dir(t, name)
         try:
-            if os.listdir(d) == [TARGETS_RECORD]:
-                os.unlink(os.path.join(d, TARGETS_RECORD))
+            files = os.listdir(d)
+            if files and all(_is_claim(f) for f in files):
+                for f in files:
+                    os.unlink(os.path.join(d, f))
         except FileNotFoundError:
             pass
 
@@ -215,7 +223,7 @@ def status(targets: list[str], name: str) -> str:
         return "complete"
     if leftovers(targets, name) or any(
         os.path.exists(checkpoint_dir(t, name))
-        and set(os.listdir(checkpoint_dir(t, name))) - {TARGETS_RECORD}
+        and not all(_is_claim(f) for f in os.listdir(checkpoint_dir(t, name)))
         for t in targets
     ):
         return "incomplete"
