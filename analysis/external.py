@@ -376,13 +376,13 @@ DIRECTION = {"write": "write", "restore": "read"}
 
 def refusals(a_emulated: bool, letter: str, ext: External) -> list[str]:
     """Essential differences: a real GPU path against a host-emulated run."""
-    if not a_emulated:
-        return []
     gpu = sorted({p.path for p in ext.points if p.gpu})
+    if not a_emulated or not gpu:
+        return []
     return [
         f"{letter} ({ext.tool}) moved bytes to or from GPU memory ({'; '.join(gpu)}); A is "
         "host-emulated: its gds rows are an O_DIRECT emulation from host memory"
-    ] * bool(gpu)
+    ]
 
 
 def warnings(metric: str, letter: str, ext: External) -> list[str]:
