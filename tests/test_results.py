@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -196,3 +197,17 @@ def test_analysis_readme_names_only_columns_that_exist() -> None:
         named += re.findall(r"`(\w+)`", line.split("|")[1])
     assert named and set(named) <= set(results.COLUMNS), set(named) - set(results.COLUMNS)
     assert {f.name for f in dataclasses.fields(hostcost.Cost)} <= set(named)
+
+
+def test_a_new_run_dir_under_a_relative_root_that_does_not_exist(tmp_path, monkeypatch) -> None:
+    """`-o a/b` relative and missing: every folder made, each named durably in its parent (the
+    walk up to the first existing folder once looped forever on a relative path)."""
+    from bench.measure import results as results_mod
+
+    synced: list[str] = []
+    monkeypatch.setattr(results_mod, "fsync_dir", synced.append)
+    monkeypatch.chdir(tmp_path)
+    run_id, path = results_mod.new_run_dir(os.path.join("a", "b"), "cfg")
+    assert os.path.isdir(path) and path == os.path.join("a", "b", run_id)
+    made = [tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / run_id]
+    assert synced == [str(d.parent) for d in made]

@@ -427,7 +427,7 @@ def new_run_dir(root: str, config_name: str) -> tuple[str, str]:
     run_id = f"{stamp}-{config_name}-{uuid.uuid4().hex[:6]}"
     path = os.path.join(root, run_id)
     made = []  # the folders makedirs creates, each named in its parent durably after
-    p = path
+    p = os.path.abspath(path)  # a relative root would end at "", which never exists
     while not os.path.exists(p):
         made.append(p)
         p = os.path.dirname(p)
