@@ -10,7 +10,8 @@ the bytes were durable, and whether they moved to or from GPU memory. The enviro
 records sits beside the run's.
 
 What each tool's output shows of durability:
-- fio: a write is durable when the job had `end_fsync`, `fsync`, `fdatasync` or `sync`; fio
+- fio: a write is durable when the job had `end_fsync`, `fsync=1`, `fdatasync=1` or `sync` (an
+  fsync every N > 1 writes may miss the last ones: "unknown"); fio
   counts `end_fsync`'s final fsync in its runtime, but may stop its clock before the one of
   `fsync_on_close` (fio issue #831): "unknown".
 - gdsio: its output does not say whether writes reached the media: "unknown".
@@ -126,8 +127,16 @@ def _on(v: Any) -> bool:
 
 
 def _fio_durable(opts: dict[str, Any]) -> tuple[bool | None, str]:
-    if any(_on(opts.get(k, "")) for k in ("end_fsync", "fsync", "fdatasync")):
+    if _on(opts.get("end_fsync", "")):
         return True, ""
+    every = [str(opts.get(k, "")).strip() for k in ("fsync", "fdatasync")]
+    if "1" in every:
+        return True, ""
+    if any(_on(v) for v in every):  # every N writes: the last ones may follow the last fsync
+        return (
+            None,
+            "fsync or fdatasync every N > 1 writes without end_fsync: the last writes may come after the last fsync",
+        )
     if str(opts.get("sync", "")).lower() in ("1", "sync", "dsync"):
         return True, ""
     if _on(opts.get("fsync_on_close", "")):

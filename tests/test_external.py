@@ -52,7 +52,13 @@ def test_fio_jobs_become_points_with_their_durability() -> None:
 
 @pytest.mark.parametrize(
     "options,durable",
-    [({"fsync_on_close": "1"}, None), ({"fdatasync": "4"}, True), ({"sync": "dsync"}, True)],
+    [
+        ({"fsync_on_close": "1"}, None),
+        ({"fdatasync": "4"}, None),  # every 4 writes: the last ones may follow the last fsync
+        ({"fdatasync": "4", "end_fsync": "1"}, True),
+        ({"fsync": "1"}, True),
+        ({"sync": "dsync"}, True),
+    ],
 )
 def test_fio_durability_options(tmp_path: Path, options: dict[str, str], durable: object) -> None:
     raw = json.loads(FIO.read_text())
