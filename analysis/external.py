@@ -197,10 +197,12 @@ def _fio(path: str, doc: dict[str, Any]) -> External:
 
 GDSIO_LINE = re.compile(
     r"IoType:\s*(?P<io>\w+)\s+XferType:\s*(?P<xfer>\w+)\s+Threads:\s*(?P<threads>\d+)\s+"
-    r"DataSetSize:\s*(?P<done>\d+)(?:/\d+)?\s*\(KiB\)\s+IOSize:\s*(?P<iosize>[\d-]+)\s*\(KiB\)"
+    r"(?:IoDepth:\s*\d+\s+)?DataSetSize:\s*(?P<done>\d+)(?:/\d+)?\s*\(KiB\)\s+IOSize:\s*(?P<iosize>[\d-]+)\s*\(KiB\)"
     r"\s+Throughput:\s*(?P<gib>[\d.]+)\s*GiB/sec"
 )
-# gdsio's -x transfer types (NVIDIA's gdsio documentation): what moves the bytes
+# gdsio's transfer types as its output names them (GPUD, GPUD_ASYNC, GPU_BATCH, CPUONLY and
+# CPU_GPU seen in published outputs; the other names after its -x options): what moves the
+# bytes. A name not here is taken for a GPU path.
 GDSIO_PATHS = {
     "GPUD": "GDS: storage <-> GPU memory",
     "GPUD_ASYNC": "GDS (async): storage <-> GPU memory",
@@ -214,6 +216,9 @@ GDSIO_PATHS = {
 
 
 def _gdsio(path: str, text: str) -> External:
+    for n, line in enumerate(text.splitlines(), 1):
+        if "IoType:" in line and not GDSIO_LINE.search(line):
+            raise UserError(f"{path}: line {n}: a gdsio result line not understood: {line[:80]!r}")
     points = []
     for m in GDSIO_LINE.finditer(text):
         io, xfer = m["io"].upper(), m["xfer"].upper()

@@ -79,6 +79,22 @@ def test_gdsio_lines_in_decimal_GB() -> None:
     assert all(p.gpu and p.path.startswith("GDS") and p.durable is None for p in e.points)
 
 
+def test_gdsio_batch_lines_and_lines_not_understood(tmp_path: Path) -> None:
+    """The batch mode's lines carry an IoDepth (a published output's shape); a result line of
+    another shape is refused, never dropped."""
+    f = tmp_path / "gdsio.log"
+    f.write_text(
+        "IoType: WRITE XferType: GPU_BATCH Threads: 1 IoDepth: 8 DataSetSize: 524206080/8388608"
+        "(KiB) IOSize: 16384(KiB) Throughput: 4.5 GiB/sec, Avg_Latency: 1.0 usecs ops: 1 "
+        "total_time 1.0 secs\n"
+    )
+    (p,) = external.load(str(f)).points
+    assert p.direction == "write" and p.gpu and p.GBps == pytest.approx((4.5 * GIB / GB,))
+    f.write_text(GDSIO.read_text() + "IoType: READ XferType: GPUD Throughput: fast\n")
+    with pytest.raises(UserError, match=r"gdsio.log: line 7: a gdsio result line not understood"):
+        external.load(str(f))
+
+
 def test_dlio_summary_and_its_folder() -> None:
     summary = json.loads((DLIO / "summary.json").read_text())
     per_epoch = json.loads((DLIO / "0_per_epoch_stats.json").read_text())
