@@ -57,7 +57,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _mount_of(path: str) -> dict[str, str]:
+def mount_of(path: str) -> dict[str, str]:
     """Mount point, filesystem type, source and options of the mount holding `path`."""
     best = {"mount": "/", "fstype": "unknown", "source": "unknown", "opts": ""}
     real = os.path.realpath(path)
@@ -104,7 +104,7 @@ def targets_info(targets: list[str]) -> dict[str, Any]:
         rows.append(
             {
                 "path": t,
-                **_mount_of(t),
+                **mount_of(t),
                 "block": _block_device(t),
                 "free_bytes": usage.free,
                 "total_bytes": usage.total,

@@ -278,6 +278,39 @@ class Row:
         ranks="own",
     )
     stall_dram_bytes: int | None = column("dram_bytes until save() returned.", None, ranks="own")
+    device_written_bytes: int | None = column(
+        "Bytes the block devices of the targets counted written from save() until durable "
+        "(/sys/block/<dev>/stat; the file system's device; bench.measure.witness). Other traffic "
+        "on the device counts too; under torchrun each rank counts the whole device (aggregate: "
+        "the largest). Empty where the targets have no block device.",
+        None,
+        ranks="max",
+    )
+    device_flushes: int | None = column(
+        "Cache flush requests those devices completed in the same interval (for device-mapper "
+        "or md, the devices below it); empty where none counts flushes.",
+        None,
+        ranks="max",
+    )
+    durable_witness: str = column(
+        "Whether the devices saw the save durable: `yes` (at least the checkpoint's files' bytes "
+        "reached each device, and a flush every write-back cache), `no: <why>` (conclusive: the "
+        "row's total_s is no time to durability; a ckptbench engine's row fails) or "
+        "`unavailable: <why>`. Other traffic can only add to the counts, so `yes` is necessary, "
+        "not sufficient.",
+        "",
+        ranks="own",
+    )
+    device_read_bytes: int | None = column(
+        "Bytes the targets' devices counted read during the timed restore.", None, ranks="max"
+    )
+    restore_witness: str = column(
+        "Whether the restore read its bytes from the devices: `yes` (at least the size of the "
+        "files it evicted), `no: <why>` (part came from memory: its restore_s is no device "
+        "read) or `unavailable: <why>`.",
+        "",
+        ranks="own",
+    )
 
 
 COLUMNS = names(Row)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.engines import REGISTRY
-from bench.measure import clock, columns, detail, hostcost, results
+from bench.measure import clock, columns, detail, hostcost, results, witness
 from bench.measure import efficiency as judge
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings
@@ -79,18 +80,23 @@ def save_phase(
     collected first, untimed: a collection that the save's own allocations set off would
     otherwise free it inside this save's stall (bench/PERF.md)."""
     gc.collect()
+    seer = witness.Judge(list(eng.targets))
     sampler = measure.Sampler()
     sampler.start()
     meter = (host or hostcost.Host()).meter(sampler).start()
     try:
+        seer.begin()
         pending = clock.clocked(eng).save(state, name)
         meter.stall()
         if after_save is not None:
             after_save()
         res = pending.wait()
+        seen = seer.save(checkpoint_files(eng.targets, name))
     finally:
         cost = meter.stop()
         sample = sampler.stop()
+    row.device_written_bytes, row.device_flushes = seen.bytes, seen.flushes
+    row.durable_witness = seen.text
     row.gds_mode = res.gds_mode
     row.targets_used = res.targets_used
     row.stall_s, row.persist_s, row.total_s = res.stall_s, res.persist_s, res.total_s
@@ -102,6 +108,20 @@ def save_phase(
     columns.fill(row, sample)
     columns.fill(row, cost)  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
     judge_row(row, ceilings)
+    if seen.denied and not REGISTRY[row.engine].traits.baseline:
+        # One of ckptbench's own paths said durable and the device says otherwise: a failure,
+        # as an unverified restore is (a library's denied save is reported, not failed).
+        row.error = f"not durable as the device saw it: {seen.text}"
+
+
+def checkpoint_files(targets: list[str], name: str) -> list[str]:
+    """Every file of checkpoint `name` on the targets (data, manifest, records), as the harness
+    finds them: each engine keeps a checkpoint under `<target>/<name>/`."""
+    out = []
+    for t in targets:
+        for root, _, files in os.walk(os.path.join(t, name)):
+            out += [os.path.join(root, f) for f in files]
+    return out
 
 
 def restore_phase(
@@ -131,10 +151,14 @@ def restore_phase(
     in_place = fingerprint is not None
     row.restore_into = "in-place" if in_place else "fresh"
     kw = {"into": state} if in_place else {}
+    seer = witness.Judge(list(eng.targets))
+    seer.begin()
     t0 = measure.now_ns()
     loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False, **kw)
     device.synchronize()
     row.restore_s = (measure.now_ns() - t0) / 1e9
+    seen = seer.restore(files)
+    row.device_read_bytes, row.restore_witness = seen.bytes, seen.text
     row.restore_cached_bytes = measure.resident_bytes(files)
     row.restore_mode = getattr(eng, "restore_mode", "host")
     eng.check(name, loaded)
@@ -220,6 +244,8 @@ def _own_columns(rows: list[results.Row]) -> dict[str, Any]:
     bad = next((r for r in rows if r.error and not r.error.startswith(FOLLOWED)), None)
     bad = bad or next((r for r in rows if r.error), None)
     return {
+        "durable_witness": _witness_of([r.durable_witness for r in rows], rows),
+        "restore_witness": _witness_of([r.restore_witness for r in rows], rows),
         "persist_s": total - stall if total is not None and stall is not None else None,
         "page_cache_peak_bytes": sum(per_node.values()) if per_node else None,
         "write_efficiency": None,
@@ -233,6 +259,17 @@ def _own_columns(rows: list[results.Row]) -> dict[str, Any]:
         "aggregate": True,
         **_host_aggregate(rows),
     }
+
+
+def _witness_of(texts: list[str], rows: list[results.Row]) -> str:
+    """A witness column of an aggregate row: the first rank's denial (prefixed with the rank),
+    else the first rank's `unavailable`, else `yes` when every rank's is (empty when none was
+    judged)."""
+    for start in ("no", "unavailable"):
+        for t, r in zip(texts, rows, strict=True):
+            if t.startswith(start):
+                return f"{start}: rank {r.rank}: {t.split(': ', 1)[-1]}"
+    return witness.YES if texts and all(t == witness.YES for t in texts) else ""
 
 
 def _host_aggregate(rows: list[results.Row]) -> dict[str, Any]:
