@@ -256,7 +256,15 @@ def _cached_chain(target: str, st_dev: int, sys_root: str) -> Chain:
 def chains(targets: Iterable[str], sys_root: str = "/sys") -> list[Chain]:
     """The chain of each target, resolved once per target and device (sysfs walks are cached;
     a target remounted on another device is resolved again)."""
-    return [_cached_chain(t, os.stat(t).st_dev, sys_root) for t in targets]
+    out = []
+    for t in targets:
+        try:
+            dev = os.stat(t).st_dev
+        except OSError as e:
+            out.append(Chain(t, -1, None, why=f"{t}: {e.strerror}"))
+            continue
+        out.append(_cached_chain(t, dev, sys_root))
+    return out
 
 
 @dataclass(frozen=True)
@@ -284,8 +292,12 @@ class Verdict:
         return self.text.startswith("no")
 
 
-def _gib(n: int) -> str:
-    return sizes.format_size(n)
+def _pair(got: int, need: int) -> str:
+    """'64MiB of the checkpoint's 256MiB', in bytes where the two would read the same."""
+    a, b = sizes.format_size(got), sizes.format_size(need)
+    if got and abs(need - got) < need / 100:  # close: the short forms would read alike
+        a, b = f"{got:,} B", f"{need:,} B"
+    return f"{a} of the checkpoint's {b}"
 
 
 @dataclass
@@ -304,6 +316,8 @@ class Judge:
     @property
     def unavailable(self) -> str:
         """Why some target has no witness ('' when every one has)."""
+        if not self._chains:
+            return "no targets"
         return "; ".join(c.why for c in self._chains if c.top is None)
 
     def devices(self) -> tuple[Device, ...]:
@@ -366,35 +380,35 @@ class Judge:
         delta = self._delta()
         written, flushes = self._reported(delta)
         want, tops = self._by_top(files)
+        why: list[str] = []
         for name, need in want.items():
             c = tops[name]
             layers = [("", [c.top])] if c.top is not None else []
             if c.leaves and [d.name for d in c.leaves] != [name]:
-                layers.append((" below it", list(c.leaves)))
+                layers.append((" (below it)", list(c.leaves)))
             for where, devs in layers:
                 got = sum(delta[d.name].written_bytes for d in devs)
                 if got < need:
                     names = "+".join(d.name for d in devs)
-                    return Verdict(
-                        f"no: {_gib(got)} of the checkpoint's {_gib(need)} reached "
-                        f"{names}{where and ' (' + where.strip() + ')'}",
-                        written,
-                        flushes,
-                    )
+                    why.append(f"{_pair(got, need)} reached {names}{where}")
         for d in self.devices():
             if not d.write_back:
                 continue
             if not d.counts_flushes and d.name.startswith(("dm-", "md")):
                 continue  # passes flushes down uncounted: its leaves are asked
             if not d.counts_flushes:
-                return Verdict(
-                    f"unavailable: {d.name} has a write-back cache but its stat counts no "
-                    "flushes (kernel before 5.5)",
-                    written,
-                    None,
-                )
+                if not why:
+                    return Verdict(
+                        f"unavailable: {d.name} has a write-back cache but its stat counts no "
+                        "flushes (kernel before 5.5)",
+                        written,
+                        None,
+                    )
+                continue
             if (delta[d.name].flushes or 0) == 0:
-                return Verdict(f"no: no cache flush reached {d.name} (write back)", written, flushes)
+                why.append(f"no cache flush reached {d.name} (write back)")
+        if why:
+            return Verdict("no: " + "; ".join(why), written, flushes)
         return Verdict(YES, written, flushes)
 
     def restore(self, files: Iterable[str]) -> Verdict:
@@ -409,8 +423,6 @@ class Judge:
             got = delta[name].read_bytes
             if got < need:
                 return Verdict(
-                    f"no: {_gib(got)} of the checkpoint's {_gib(need)} read from {name} (the "
-                    "rest came from memory)",
-                    read,
+                    f"no: {_pair(got, need)} read from {name} (the rest came from memory)", read
                 )
         return Verdict(YES, read)

@@ -80,7 +80,7 @@ def save_phase(
     collected first, untimed: a collection that the save's own allocations set off would
     otherwise free it inside this save's stall (bench/PERF.md)."""
     gc.collect()
-    seer = witness.Judge(list(eng.targets))
+    seer = witness.Judge(list(getattr(eng, "targets", [])))
     sampler = measure.Sampler()
     sampler.start()
     meter = (host or hostcost.Host()).meter(sampler).start()
@@ -91,7 +91,7 @@ def save_phase(
         if after_save is not None:
             after_save()
         res = pending.wait()
-        seen = seer.save(checkpoint_files(eng.targets, name))
+        seen = seer.save(checkpoint_files(seer.targets, name))
     finally:
         cost = meter.stop()
         sample = sampler.stop()
@@ -151,7 +151,7 @@ def restore_phase(
     in_place = fingerprint is not None
     row.restore_into = "in-place" if in_place else "fresh"
     kw = {"into": state} if in_place else {}
-    seer = witness.Judge(list(eng.targets))
+    seer = witness.Judge(list(getattr(eng, "targets", [])))
     seer.begin()
     t0 = measure.now_ns()
     loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False, **kw)
