@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import RUNNABLE, result_row
 
 from bench import engines
 from bench.measure import timers, witness
 from bench.run import rows
-from conftest import RUNNABLE, result_row
 
 # --- recorded sysfs trees ----------------------------------------------------------------------
 

@@ -195,7 +195,9 @@ def _below(
         try:
             st = os.stat(backing.removesuffix(" (deleted)"))
         except OSError as e:
-            raise ValueError(f"{name}: its backing file {backing} cannot be read ({e.strerror})")
+            raise ValueError(
+                f"{name}: its backing file {backing} cannot be read ({e.strerror})"
+            ) from None
         disk = _disk_of(sys_root, st.st_dev)
         if disk is None:
             raise ValueError(f"{name}: its backing file {backing} is on no block device")
@@ -327,8 +329,9 @@ class Judge:
                 seen.setdefault(d.name, d)
         return tuple(seen.values())
 
-    def _distinct_tops(self) -> list[Chain]:
-        return list({c.top.name: c for c in self._chains if c.top is not None}.values())
+    def _tops(self) -> list[Device]:
+        """The file systems' devices, each once."""
+        return list({c.top.name: c.top for c in self._chains if c.top is not None}.values())
 
     def begin(self) -> None:
         """Read every device's counters: the moment the interval starts."""
@@ -417,7 +420,7 @@ class Judge:
         if self.unavailable:
             return Verdict(f"unavailable: {self.unavailable}")
         delta = self._delta()
-        read = sum(delta[c.top.name].read_bytes for c in self._distinct_tops())
+        read = sum(delta[d.name].read_bytes for d in self._tops())
         want, tops = self._by_top(files)
         for name, need in want.items():
             got = delta[name].read_bytes
