@@ -173,7 +173,70 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
     df["persist_us_per_tensor"] = df["persist_s"] / n * 1e6
     df["pinned_x"] = df["pinned_bytes"] / s
     df["page_cache_x"] = df["page_cache_peak_bytes"] / s
+    return deny(df)
+
+
+# What a row's time to durability feeds (left out where the device denied it), and what its
+# restore time feeds (left out where the restore read from memory).
+DURABLE_COLUMNS = ("total_s", "persist_s", "write_GBps", "persist_GBps", "persist_us_per_tensor")
+RESTORE_COLUMNS = ("restore_s", "restore_GBps")
+
+
+def witness_said(df: pd.DataFrame, column: str, start: str) -> pd.Series:
+    """Rows whose witness column (durable_witness, restore_witness) begins with `start`."""
+    if column not in df:
+        return pd.Series(False, index=df.index)
+    return df[column].fillna("").astype(str).str.startswith(start)
+
+
+def deny(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose save the block device denied durable (`durable_witness` no: the bytes or a
+    flush never reached it) keep their stall, but their total_s is no time to durability: it
+    and what derives from it are left out (NaN), and `denied` marks them. A restore the device
+    did not read (`restore_witness` no) loses its restore time the same way (`restore_denied`).
+    Rows written before the witness existed have neither column said and keep everything."""
+    df = df.copy()
+    df["denied"] = witness_said(df, "durable_witness", "no")
+    df["restore_denied"] = witness_said(df, "restore_witness", "no")
+    for flag, cols in (("denied", DURABLE_COLUMNS), ("restore_denied", RESTORE_COLUMNS)):
+        for c in cols:
+            if c in df:
+                df[c] = df[c].where(~df[flag])
     return df
+
+
+def denied_counts(df: pd.DataFrame, flag: str = "denied") -> dict[str, int]:
+    """Timed rows per engine marked `flag` (denied, restore_denied), engines without any left out."""
+    if flag not in df:
+        return {}
+    timed = df[~df["warmup"].astype(bool) & df[flag]]
+    return {str(e): int(n) for e, n in timed.groupby("engine").size().items() if n}
+
+
+def witness_lines(df: pd.DataFrame) -> list[str]:
+    """What the block device said of the run's timed saves and restores, in a line each where
+    it said no (per engine), and once where it could not witness."""
+    out = []
+    for flag, what in (
+        (
+            "denied",
+            "save(s) the block device denied durable (its counters saw fewer bytes or "
+            "no cache flush): their total_s is no time to durability and is left out (stall kept)",
+        ),
+        (
+            "restore_denied",
+            "restore(s) that read less than their files from the device: their "
+            "restore time is a memory read and is left out",
+        ),
+    ):
+        n = denied_counts(df, flag)
+        if n:
+            out.append(f"{sum(n.values())} {what}: " + ", ".join(f"{e} {k}" for e, k in n.items()))
+    un = witness_said(df, "durable_witness", "unavailable")
+    if un.any():
+        why = str(df.loc[un, "durable_witness"].iloc[0]).removeprefix("unavailable: ")
+        out.append(f"durability not witnessed by the device on {int(un.sum())} row(s): {why}")
+    return out
 
 
 def read_env(run_dir: str) -> dict[str, Any]:

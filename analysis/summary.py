@@ -177,7 +177,7 @@ def terminal(run_dir: str, notes: list[str]) -> list[str]:
         env = json.load(f)
     out += ceiling_lines(env)
     rows = runs.normalise(results.read_rows(run_dir))
-    for note in notes + mode_notes(rows):
+    for note in notes + mode_notes(rows) + runs.witness_lines(rows):
         out.append(f"note: {note}")
     out.append(f"results: {run_dir}/results.csv, environment: {run_dir}/env.json")
     return out

@@ -328,7 +328,7 @@ def test_every_engine_is_durable_as_a_loop_device_of_its_own_saw_it(
     try:
         row = result_row(engine=engine)
         rows.save_phase(row, eng, state, "ck", None)
-        files = rows.checkpoint_files(targets, "ck")
+        files = witness.checkpoint_files(targets, "ck")
         size = sum(os.path.getsize(f) for f in files)
         LOOP_TABLE.append((engine, size, row.device_written_bytes or 0, row.device_flushes, "yes"))
         print(

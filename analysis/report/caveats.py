@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import scaling
+from analysis import runs, scaling
 from analysis.runs import Run, clock_note
 
 
@@ -51,6 +51,7 @@ def warnings_for(run: Run) -> list[str]:
                 f"still in the page cache (up to {resident.max() / 2**20:.1f} MiB, mincore after "
                 "eviction): their restore bandwidth is partly a memory read."
             )
+    out += runs.witness_lines(run.rows)
     bad = {k: v for k, v in run.excluded.items() if k != "warm-up" and v}
     if bad:
         out.append(

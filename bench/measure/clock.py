@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any
 
+from bench.measure import witness
+
 STALL_CLOCK = "harness"  # env.json `stall_clock` of runs timed here (ckptbench >= 0.2.0)
 
 
@@ -36,12 +38,22 @@ class TimedSave:
     `wait()` returns the engine's SaveResult with `stall_s`, `total_s` and `persist_s` filled
     from this clock. `t0_ns`, `t_return_ns` and `t_durable_ns` are the readings themselves."""
 
-    def __init__(self, pending: Any, t0_ns: int, t_return_ns: int, durable: bool) -> None:
+    def __init__(
+        self,
+        pending: Any,
+        t0_ns: int,
+        t_return_ns: int,
+        durable: bool,
+        judge: witness.Judge | None = None,
+        name: str = "",
+    ) -> None:
         self.pending = pending  # the engine's own handle (bench.engines.base.PendingSave)
         self.t0_ns = t0_ns
         self.t_return_ns = t_return_ns
         self.t_durable_ns: int | None = None
         self._lock = threading.Lock()
+        self._judge, self._name = judge, name
+        self.witnessed = witness.Verdict("unavailable: not clocked with a witness")
         result = pending.result
         result.stall_s = self.stall_s
         result.total_s = result.persist_s = 0.0
@@ -67,6 +79,13 @@ class TimedSave:
             r = self.pending.result
             r.total_s = (self.t_durable_ns - self.t0_ns) / 1e9
             r.persist_s = (self.t_durable_ns - self.t_return_ns) / 1e9
+            if self._judge is not None:  # the device's counters, right after the durable moment
+                self._judge.end()
+                try:
+                    files = witness.checkpoint_files(self._judge.targets, self._name)
+                    self.witnessed = self._judge.save(files)
+                except Exception as e:  # a witness must never fail the save it watches
+                    self.witnessed = witness.Verdict(f"unavailable: {type(e).__name__}: {e}")
 
     def done(self) -> bool:
         return self.pending.done()
@@ -146,11 +165,16 @@ class Clocked:
         self.engine.close()
 
     def save(self, state: Any, name: str) -> TimedSave:
+        # The block device's counters before the clock starts (bench.measure.witness): read
+        # again the moment the save is durable, they say whether its bytes and a cache flush
+        # reached the device.
+        judge = witness.Judge(list(getattr(self.engine, "targets", [])))
+        judge.begin()
         t0 = now_ns()
         pending = self.engine.save(state, name)
         durable = pending.done()  # read before the return is: durable by then at the latest
         t1 = now_ns()
-        return TimedSave(pending, t0, t1, durable)
+        return TimedSave(pending, t0, t1, durable, judge, name)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.engine, attr)

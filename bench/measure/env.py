@@ -21,6 +21,8 @@ from typing import Any
 import psutil
 import torch
 
+from bench.measure import witness
+
 PACKAGES = [
     "torch",
     "numpy",
@@ -55,17 +57,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def mount_of(path: str) -> dict[str, str]:
-    """Mount point, filesystem type, source and options of the mount holding `path`."""
-    best = {"mount": "/", "fstype": "unknown", "source": "unknown", "opts": ""}
-    real = os.path.realpath(path)
-    for p in psutil.disk_partitions(all=True):
-        mp = p.mountpoint
-        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best["mount"]):
-            best = {"mount": mp, "fstype": p.fstype, "source": p.device, "opts": p.opts}
-    return best
 
 
 def _block_device(path: str) -> dict[str, Any]:
@@ -104,8 +95,10 @@ def targets_info(targets: list[str]) -> dict[str, Any]:
         rows.append(
             {
                 "path": t,
-                **mount_of(t),
+                **witness.mount_of(t),
                 "block": _block_device(t),
+                # the devices whose counters witness the saves (bench.measure.witness)
+                "witness": witness.chain(t).to_json(),
                 "free_bytes": usage.free,
                 "total_bytes": usage.total,
             }

@@ -452,6 +452,19 @@ class CheckpointRow:
         "step after the last checkpoint.",
         None,
     )
+    device_written_bytes: int | None = column(
+        "Bytes the targets' block devices counted written from save() until durable "
+        "(bench.measure.witness; other traffic counts too).",
+        None,
+    )
+    device_flushes: int | None = column(
+        "Cache flush requests those devices completed in the same interval.", None
+    )
+    durable_witness: str = column(
+        "`yes`, `no: <why>` or `unavailable: <why>`, as in results.csv: whether the devices saw "
+        "the save durable.",
+        "",
+    )
 
 
 def new_run_dir(root: str, config_name: str) -> tuple[str, str]:

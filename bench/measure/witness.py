@@ -47,6 +47,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import psutil
+
 from bench.common import sizes
 
 SECTOR = 512  # the unit of every sector count in /sys/block/*/stat (Documentation/block/stat.rst)
@@ -141,6 +143,17 @@ class Chain:
         }
 
 
+def mount_of(path: str) -> dict[str, str]:
+    """Mount point, filesystem type, source and options of the mount holding `path`."""
+    best = {"mount": "/", "fstype": "unknown", "source": "unknown", "opts": ""}
+    real = os.path.realpath(path)
+    for p in psutil.disk_partitions(all=True):
+        mp = p.mountpoint
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best["mount"]):
+            best = {"mount": mp, "fstype": p.fstype, "source": p.device, "opts": p.opts}
+    return best
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -216,8 +229,6 @@ def chain(target: str, sys_root: str = "/sys") -> Chain:
     """The devices behind `target` (a directory or file), read from sysfs under `sys_root`."""
     st = os.stat(target)
     if os.major(st.st_dev) == 0:
-        from bench.measure.env import mount_of
-
         fs = mount_of(target)["fstype"]
         return Chain(
             target, st.st_dev, None, why=f"{fs} at {target} has no block device of its own"
@@ -304,23 +315,27 @@ def _pair(got: int, need: int) -> str:
 
 @dataclass
 class Judge:
-    """The witness of one engine's saves and restores over its targets: `begin()` before the
-    call, `save(...)` or `restore(...)` once it is over, with the checkpoint's files."""
+    """The witness of one save or restore over an engine's targets: `begin()` right before the
+    call, `end()` right when it is over (durable, or loaded), then `save(files)` or
+    `restore(files)` with the checkpoint's files. A counter that cannot be read makes the
+    verdict `unavailable`, never an error of the save."""
 
     targets: list[str]
     sys_root: str = "/sys"
     _chains: list[Chain] = field(default_factory=list, init=False)
     _before: Counters | None = field(default=None, init=False)
+    _after: Counters | None = field(default=None, init=False)
+    _failed: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         self._chains = chains(self.targets, self.sys_root)
 
     @property
     def unavailable(self) -> str:
-        """Why some target has no witness ('' when every one has)."""
+        """Why there is no witness ('' when every target has one and its counters were read)."""
         if not self._chains:
             return "no targets"
-        return "; ".join(c.why for c in self._chains if c.top is None)
+        return "; ".join(c.why for c in self._chains if c.top is None) or self._failed
 
     def devices(self) -> tuple[Device, ...]:
         seen: dict[str, Device] = {}
@@ -333,13 +348,26 @@ class Judge:
         """The file systems' devices, each once."""
         return list({c.top.name: c.top for c in self._chains if c.top is not None}.values())
 
+    def _read(self) -> Counters | None:
+        if self.unavailable:
+            return None
+        try:
+            return Counters.read(self.devices())
+        except (OSError, ValueError) as e:
+            self._failed = f"counters unreadable ({e})"
+            return None
+
     def begin(self) -> None:
         """Read every device's counters: the moment the interval starts."""
-        self._before = None if self.unavailable else Counters.read(self.devices())
+        self._before, self._after = self._read(), None
+
+    def end(self) -> None:
+        """Read them again: the moment the interval ends (else the verdict reads them)."""
+        self._after = self._read()
 
     def _delta(self) -> dict[str, Stat]:
         assert self._before is not None, "begin() first"
-        after = Counters.read(self.devices())
+        after = self._after if self._after is not None else Counters.read(self.devices())
         out = {}
         for n, a in after.stats.items():
             b = self._before.stats[n]
@@ -353,7 +381,10 @@ class Judge:
         want: dict[str, int] = {}
         tops: dict[str, Chain] = {}
         for f in files:
-            st = os.stat(f)
+            try:
+                st = os.stat(f)
+            except FileNotFoundError:
+                continue
             c = by_dev.get(st.st_dev)
             if c is None or c.top is None:
                 continue
@@ -378,8 +409,8 @@ class Judge:
     def save(self, files: Iterable[str]) -> Verdict:
         """The verdict on a save whose interval began at `begin()` and ends now: `files` are the
         checkpoint's files (data and manifest) as they stand, durable."""
-        if self.unavailable:
-            return Verdict(f"unavailable: {self.unavailable}")
+        if self.unavailable or self._before is None:
+            return Verdict(f"unavailable: {self.unavailable or 'counters not read'}")
         delta = self._delta()
         written, flushes = self._reported(delta)
         want, tops = self._by_top(files)
@@ -417,8 +448,8 @@ class Judge:
     def restore(self, files: Iterable[str]) -> Verdict:
         """The verdict on a restore whose interval began at `begin()` and ends now: did the
         devices of the files read at least their bytes."""
-        if self.unavailable:
-            return Verdict(f"unavailable: {self.unavailable}")
+        if self.unavailable or self._before is None:
+            return Verdict(f"unavailable: {self.unavailable or 'counters not read'}")
         delta = self._delta()
         read = sum(delta[d.name].read_bytes for d in self._tops())
         want, tops = self._by_top(files)
@@ -429,3 +460,14 @@ class Judge:
                     f"no: {_pair(got, need)} read from {name} (the rest came from memory)", read
                 )
         return Verdict(YES, read)
+
+
+def checkpoint_files(targets: Iterable[str], name: str) -> list[str]:
+    """Every file of checkpoint `name` on the targets (data, manifest, records), as the harness
+    finds them, not as the engine lists them: each engine keeps a checkpoint under
+    `<target>/<name>/`."""
+    out = []
+    for t in targets:
+        for root, _, files in os.walk(os.path.join(t, name)):
+            out += [os.path.join(root, f) for f in files]
+    return out

@@ -293,6 +293,11 @@ class TrainingRun:
                     t_loop,
                 )
             )
+        for c in ckpts:  # one of ckptbench's own paths the device saw not durable fails
+            if c.durable_witness.startswith("no") and eng is not None and not eng.traits.baseline:
+                self._failed(
+                    engine, f"step {c.step}: not durable as the device saw it: {c.durable_witness}"
+                )
         # Which steps ran (at least partly) while a save persisted: they started after its
         # save() returned and before it was durable. The checkpoint step itself is not one.
         for r in steps:
@@ -412,4 +417,7 @@ class TrainingRun:
             t_save_s=t_save,
             t_return_s=(t_return_ns - t_loop_ns) / 1e9,
             t_durable_s=t_save + res.total_s,
+            device_written_bytes=pending.witnessed.bytes,
+            device_flushes=pending.witnessed.flushes,
+            durable_witness=pending.witnessed.text,
         )
