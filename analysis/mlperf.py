@@ -54,15 +54,40 @@ def checkpoints(rows: pd.DataFrame) -> pd.DataFrame:
                 "checkpoint": int(str(rep)),
                 "ranks": len(g),
                 "bytes": int(g["total_bytes"].sum()),
-                "write_slowest_s": float(g["total_s"].max()),
+                "write_slowest_s": float(g["total_s"].max(skipna=False)),
                 "write_rank0_s": float(z["total_s"]),
                 "write_rank0_stall_s": float(z["stall_s"]),
                 "stall_slowest_s": float(g["stall_s"].max()),
-                "read_slowest_s": float(g["restore_s"].max()),
+                "read_slowest_s": float(g["restore_s"].max(skipna=False)),
                 "read_rank0_s": float(z["restore_s"]),
+                "witness": _all_ranks(g, "durable_witness"),
+                "witness_as_run": str(z.get("return_witness", "") or ""),
             }
         )
     return pd.DataFrame(out)
+
+
+def _all_ranks(g: pd.DataFrame, column: str) -> str:
+    """One checkpoint's witness over its ranks: `yes` when every rank's is, else the first
+    other verdict (rows before the witness: empty)."""
+    if column not in g:
+        return ""
+    said = [str(x) for x in g[column].fillna("")]
+    return next((x for x in said if x != "yes"), "yes") if any(said) else ""
+
+
+def said(verdicts: pd.Series) -> str:
+    """The device's word on an engine's checkpoints: 'yes 10/10', or the first other verdict
+    with how many said it; '-' for rows written before the witness."""
+    v = [str(x) for x in verdicts if str(x)]
+    if not v:
+        return "-"
+    other = [x for x in v if x != "yes"]
+    if not other:
+        return f"yes {len(v)}/{len(v)}"
+    first = other[0]
+    kind = first.split(":", 1)[0]
+    return f"{kind} {sum(x.startswith(kind) for x in v)}/{len(v)}: {first.split(': ', 1)[-1]}"
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -98,9 +123,12 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
         stall_s=("stall_slowest_s", "median"),
         durable_s=("write_slowest_s", "median"),
         restore_s=("read_slowest_s", "median"),
+        witness=("witness", said),
+        witness_as_run=("witness_as_run", said),
     )
     # the not-durable figure is DLIO's own timing: only dlio-style writes as it does
     out.loc[out.index != DLIO, "write_GiBps_not_durable"] = float("nan")
+    out.loc[out.index != DLIO, "witness_as_run"] = "-"
     if DLIO in out.index:
         out["x_dlio_write"] = out["write_GiBps"] / out.loc[DLIO, "write_GiBps"]
         out["x_dlio_read"] = out["read_GiBps"] / out.loc[DLIO, "read_GiBps"]
@@ -126,6 +154,8 @@ HEADERS = [
     "stall s",
     "durable s",
     "restore s",
+    "device: durable",
+    "device: DLIO v2.0 as run",
 ]
 
 
@@ -145,6 +175,8 @@ def rows_of(t: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             _f(r.stall_s, "{:.4f}"),
             _f(r.durable_s, "{:.4f}"),
             _f(r.restore_s, "{:.4f}"),
+            str(r.witness),
+            str(r.witness_as_run),
         ]
         for r in t.itertuples()
     ]

@@ -68,5 +68,9 @@ def mlperf_section(d: Doc, run: Run) -> None:
         + m.get("dlio_fsync", "")
         + " 'x DLIO-style': an engine's slowest-rank throughput over dlio-style's (durable). "
         "stall s, durable s, restore s: ckptbench's own, the slowest rank's median: how long "
-        "training is held, until the checkpoint is durable, and the restore."
+        "training is held, until the checkpoint is durable, and the restore. 'device': what "
+        "the targets' block devices counted (bench.measure.witness): 'durable', whether every "
+        "rank's bytes and a cache flush reached them by the time ckptbench timed it durable; "
+        "'DLIO v2.0 as run', the same at the moment DLIO v2.0 stops its clock (dlio-style's "
+        "return). A write whose device said no is left out of the GiB/s."
     )

@@ -54,6 +54,8 @@ class TimedSave:
         self._lock = threading.Lock()
         self._judge, self._name = judge, name
         self.witnessed = witness.Verdict("unavailable: not clocked with a witness")
+        # The counters when save() returned: what a tool that stops its clock there saw.
+        self._at_return = judge.read() if judge is not None and not durable else None
         result = pending.result
         result.stall_s = self.stall_s
         result.total_s = result.persist_s = 0.0
@@ -86,6 +88,15 @@ class TimedSave:
                     self.witnessed = self._judge.save(files)
                 except Exception as e:  # a witness must never fail the save it watches
                     self.witnessed = witness.Verdict(f"unavailable: {type(e).__name__}: {e}")
+
+    def witnessed_at_return(self) -> witness.Verdict:
+        """Whether the device saw the save durable when save() returned (a save durable by then
+        is judged as at its durable moment): what a tool that stops its clock at the return,
+        as DLIO v2.0 does, would have had witnessed. Call once the save is durable."""
+        if self._judge is None or self._at_return is None:
+            return self.witnessed
+        files = witness.checkpoint_files(self._judge.targets, self._name)
+        return self._judge.save(files, self._at_return)
 
     def done(self) -> bool:
         return self.pending.done()

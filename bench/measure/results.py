@@ -301,6 +301,14 @@ class Row:
         "",
         ranks="own",
     )
+    return_witness: str = column(
+        "The same verdict on the interval from save() until it returned: what a tool that stops "
+        "its clock at the return (DLIO v2.0) had witnessed. `no` is what a snapshot engine's "
+        "stall must say (it persists after); an engine whose save() returns durable says its "
+        "durable_witness.",
+        "",
+        ranks="own",
+    )
     device_read_bytes: int | None = column(
         "Bytes the targets' devices counted read during the timed restore.", None, ranks="max"
     )

@@ -365,9 +365,13 @@ class Judge:
         """Read them again: the moment the interval ends (else the verdict reads them)."""
         self._after = self._read()
 
-    def _delta(self) -> dict[str, Stat]:
+    def read(self) -> Counters | None:
+        """The counters now, for a verdict on an interval that ends here (`save(files, at)`)."""
+        return self._read()
+
+    def _delta(self, at: Counters | None = None) -> dict[str, Stat]:
         assert self._before is not None, "begin() first"
-        after = self._after if self._after is not None else Counters.read(self.devices())
+        after = at or self._after or Counters.read(self.devices())
         out = {}
         for n, a in after.stats.items():
             b = self._before.stats[n]
@@ -406,12 +410,13 @@ class Judge:
                     asked[d.name] = delta[d.name].flushes or 0
         return written, (sum(asked.values()) if asked else None)
 
-    def save(self, files: Iterable[str]) -> Verdict:
-        """The verdict on a save whose interval began at `begin()` and ends now: `files` are the
-        checkpoint's files (data and manifest) as they stand, durable."""
+    def save(self, files: Iterable[str], at: Counters | None = None) -> Verdict:
+        """The verdict on a save whose interval began at `begin()` and ended at `end()` (or at
+        the counters `at`, or now): `files` are the checkpoint's files (data and manifest) as
+        they stand, durable."""
         if self.unavailable or self._before is None:
             return Verdict(f"unavailable: {self.unavailable or 'counters not read'}")
-        delta = self._delta()
+        delta = self._delta(at)
         written, flushes = self._reported(delta)
         want, tops = self._by_top(files)
         why: list[str] = []

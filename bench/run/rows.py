@@ -94,6 +94,7 @@ def save_phase(
     seen = pending.witnessed  # the device's counters around it, read by the clock
     row.device_written_bytes, row.device_flushes = seen.bytes, seen.flushes
     row.durable_witness = seen.text
+    row.return_witness = pending.witnessed_at_return().text
     row.gds_mode = res.gds_mode
     row.targets_used = res.targets_used
     row.stall_s, row.persist_s, row.total_s = res.stall_s, res.persist_s, res.total_s
@@ -233,6 +234,7 @@ def _own_columns(rows: list[results.Row]) -> dict[str, Any]:
     return {
         "durable_witness": _witness_of([r.durable_witness for r in rows], rows),
         "restore_witness": _witness_of([r.restore_witness for r in rows], rows),
+        "return_witness": _witness_of([r.return_witness for r in rows], rows),
         "persist_s": total - stall if total is not None and stall is not None else None,
         "page_cache_peak_bytes": sum(per_node.values()) if per_node else None,
         "write_efficiency": None,
