@@ -246,3 +246,15 @@ def test_the_readmes_quote_the_table_as_it_computes() -> None:
             else f"The {misses} misses"
         )
         assert said in text, doc
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parser's own message spans 8 lines with an excerpt of the file: one line instead."""
+    f = tmp_path / "published.yaml"
+    f.write_text("profiles:\n  planted: {description: x\npoints: []\n")
+    assert main(["model", "--validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: line 3, column 7: not valid YAML (expected ',' or '}}', but got ':')" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
