@@ -20,6 +20,14 @@ A point's path says which of the model's terms it exercises:
 A point's drives form one volume (RAID-0 of `ssds` drives, or one drive): the model sees one
 target of `ssds` times a drive's bandwidth, shared by the point's `gpus`.
 
+Which points test the model is a rule, checked here (`check_figures`, `check_point`; a breach
+is one line naming the point and the rule): an `independent` point's prediction uses only
+figures (those whose doubling moves it, `depends_on`) from other experiments than its own; a
+`consistency` point's come from its own run or page, and it is shown apart, never in the
+headline (`Validation.median_error`, `misses`, `worst` and `sources` are over independent
+points). A write timed in the page cache (no fsync) is no durable write; a figure measured on
+other hardware is `assumed`, not `measured`; an assumption holds for every point of its kind.
+
 Imports analysis.tables, analysis.model.profiles and analysis.model.predict.
 """
 
