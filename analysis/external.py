@@ -25,6 +25,7 @@ host-emulated run's storage-bound rows are a fair match for them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -114,8 +115,17 @@ def _num(path: str, where: str, value: Any) -> float:
         out = float(value)
     except (TypeError, ValueError):
         raise UserError(f"{path}: {where} is not a number ({value!r})") from None
-    if out != out or out < 0:
+    if not math.isfinite(out) or out < 0:
         raise UserError(f"{path}: {where} is not a number >= 0 ({value!r})")
+    return out
+
+
+def _rate(path: str, where: str, value: Any) -> float:
+    """A bandwidth the other tool reports: a finite number above zero (a zero, negative or
+    infinite rate is no measurement to compare against)."""
+    out = _num(path, where, value)
+    if not out > 0:
+        raise UserError(f"{path}: {where} is not a rate above zero ({value!r})")
     return out
 
 
@@ -216,18 +226,22 @@ GDSIO_PATHS = {
 
 
 def _gdsio(path: str, text: str) -> External:
-    for n, line in enumerate(text.splitlines(), 1):
-        if "IoType:" in line and not GDSIO_LINE.search(line):
-            raise UserError(f"{path}: line {n}: a gdsio result line not understood: {line[:80]!r}")
     points = []
-    for m in GDSIO_LINE.finditer(text):
+    for n, line in enumerate(text.splitlines(), 1):
+        m = GDSIO_LINE.search(line)
+        if m is None:
+            if "IoType:" in line:
+                raise UserError(
+                    f"{path}: line {n}: a gdsio result line not understood: {line[:80]!r}"
+                )
+            continue
         io, xfer = m["io"].upper(), m["xfer"].upper()
         direction = "write" if "WRITE" in io else "read"
         points.append(
             Point(
                 label=f"gdsio {io} {xfer}, {m['threads']} threads",
                 direction=direction,
-                GBps=(_num(path, "Throughput", m["gib"]) * GIB / GB,),
+                GBps=(_rate(path, f"line {n}: Throughput (GiB/sec)", m["gib"]) * GIB / GB,),
                 path=GDSIO_PATHS.get(xfer, f"gdsio transfer type {xfer}"),
                 gpu=xfer != "CPUONLY",
                 durable=None,
@@ -274,7 +288,7 @@ def _dlio_samples(summary_path: str, direction: str) -> list[float]:
     for epoch in per_epoch.values() if isinstance(per_epoch, dict) else []:
         for key, rec in (epoch or {}).items():
             if key.startswith(prefix) and isinstance(rec, dict) and "throughput" in rec:
-                out.append(_num(stats, f"{key}.throughput", rec["throughput"]))
+                out.append(_rate(stats, f"{key}.throughput", rec["throughput"]))
     return out
 
 
@@ -284,7 +298,7 @@ def _dlio_points(path: str, metric: dict[str, Any], label: str) -> list[Point]:
         if key not in metric:
             continue
         gib = _dlio_samples(path, direction)
-        mean = _num(path, f"metric.{key}", metric[key])
+        mean = _rate(path, f"metric.{key}", metric[key])
         n = f"{len(gib)} checkpoints of rank 0" if gib else "the mean over its checkpoints"
         points.append(
             Point(
@@ -364,7 +378,7 @@ def _mlperf_csv(path: str, text: str) -> External:
         for direction, col in MLPERF_COLUMNS.items():
             if not (r.get(col) or "").strip():
                 continue
-            gib = _num(path, f"line {i}, {col!r}", r[col])
+            gib = _rate(path, f"line {i}, {col!r}", r[col])
             points.append(
                 Point(
                     label=f"MLPerf Storage {label}",

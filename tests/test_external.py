@@ -212,3 +212,50 @@ def test_two_runs_and_a_file() -> None:
     assert set(c.external_table["run"]) == {"C"}
     h, rows = compare.environments(c)
     assert h == ["", "A", "B", "C"] and rows[0][0] == "tool"
+
+
+@pytest.mark.parametrize("rate", ["0.000000", "0", "00.0"])
+def test_a_gdsio_rate_of_zero_is_refused_naming_its_line(
+    tmp_path: Path, rate: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gdsio line that moved nothing is no measurement: compare refuses it in one line (exit 2)
+    instead of writing a comparison against zero."""
+    lines = GDSIO.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines, 1) if "Throughput:" in line)
+    lines[n - 1] = re.sub(r"Throughput: [\d.]+", f"Throughput: {rate}", lines[n - 1])
+    f = tmp_path / "gdsio.txt"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=rf"gdsio.txt: line {n}: Throughput \(GiB/sec\) is not"):
+        external.load(str(f))
+    run = tmp_path / "run"
+    shutil.copytree(A, run)
+    assert main(["compare", str(run), str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"line {n}: Throughput (GiB/sec) is not a rate above zero ({rate!r})" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (run / "report").exists()  # no comparison written against it
+
+
+@pytest.mark.parametrize("value", ["0", "-1.5", "inf", "nan"])
+def test_rates_of_zero_negative_or_not_finite_are_refused_for_every_tool(
+    tmp_path: Path, value: str
+) -> None:
+    csv = tmp_path / "results.csv"
+    csv.write_text(MLPERF_CSV.read_text().replace("0.931558873539722", value, 1))
+    with pytest.raises(UserError, match=r"results.csv: line 2, 'Write B/W \(GiB/s\)' is not a"):
+        external.load(str(csv))
+    dlio = tmp_path / "dlio"
+    shutil.copytree(DLIO, dlio)
+    summary = json.loads((dlio / "summary.json").read_text())
+    summary["metric"]["save_checkpoint_io_mean_GB_per_second"] = float(value)
+    (dlio / "summary.json").write_text(json.dumps(summary))
+    (dlio / "0_per_epoch_stats.json").unlink()  # the mean is then the only sample
+    with pytest.raises(UserError, match=r"metric.save_checkpoint_io_mean_GB_per_second is not a"):
+        external.load(str(dlio))
+    if value != "0":  # fio's zero runtime is a direction the job did not run, skipped
+        fio = tmp_path / "fio.json"
+        raw = json.loads(FIO.read_text())
+        raw["jobs"][0]["write"]["runtime"] = float(value)
+        fio.write_text(json.dumps(raw))
+        with pytest.raises(UserError, match=r"jobs\[0\].write.runtime is not a number >= 0"):
+            external.load(str(fio))

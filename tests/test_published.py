@@ -22,8 +22,11 @@ GIB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
 
 
-def q(value: float | str, kind: str = "measured") -> dict[str, object]:
-    return {"value": value, "kind": kind, "source": "planted for the test"}
+def q(value: float | str, kind: str = "measured", **kw: object) -> dict[str, object]:
+    out: dict[str, object] = {"value": value, "kind": kind, "source": "planted for the test"}
+    if kind in ("measured", "derived"):
+        out["experiment"] = "planted-drive-run"
+    return {**out, **kw}
 
 
 # b = 10 GB/s out of the GPU, h = 5 GB/s into it, a drive writes 1 and reads 2 GB/s, C = 100.
@@ -32,7 +35,7 @@ PROFILE = {
     "hardware": {"gpu": "G", "pcie": "Gen4", "ssd": "D", "filesystem": "ext4"},
     "d2h_GBps": q(10),
     "h2d_GBps": q(5, "assumed"),
-    "ssd_write_GBps": q(1),
+    "ssd_write_GBps": q(1, ends="O_DIRECT"),
     "ssd_read_GBps": q(2),
     "host_copy_GBps": q(100, "assumed"),
 }
@@ -54,7 +57,11 @@ def point(id: str, path: str, direction: str, ssds: int, measured: float, **kw: 
         "measured": measured,
         "unit": "GB/s",
         "value_kind": "quoted",
+        "test": "independent",
+        "experiment": "planted-point-run",
     }
+    if direction == "write":
+        base["ends"] = "O_DIRECT"
     base.update(kw)
     return base
 
@@ -149,7 +156,7 @@ def test_a_malformed_point_is_one_line_naming_the_field(
 def test_a_malformed_profile_names_its_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = {**PROFILE, "ssd_write_GBps": q("fast")}
+    bad = {**PROFILE, "ssd_write_GBps": q("fast", ends="O_DIRECT")}
     assert main(["model", "--validate", str(write(tmp_path, [PLANTED[0][0]], bad))]) == 2
     assert "profiles.planted.ssd_write_GBps.value: expected a number, got 'fast'" in (
         capsys.readouterr().err
@@ -164,13 +171,17 @@ def test_a_malformed_profile_names_its_field(
 def test_the_committed_table_covers_what_the_issue_asks() -> None:
     v = published.validate()
     rows = v.rows
-    assert len(rows) >= 12
-    assert v.sources >= 4
-    kinds = {(r.point.path, r.point.direction) for r in rows}
+    # issue 44: at least 20 independent points from at least 6 sources; the consistency
+    # checks kept apart
+    assert len(v.independent) >= 20
+    assert v.sources >= 6
+    assert v.consistency and not {r.point.id for r in v.independent} & {
+        r.point.id for r in v.consistency
+    }
+    kinds = {(r.point.path, r.point.direction) for r in v.independent}
     assert {("gds", "write"), ("gds", "read")} <= kinds
     bounce = {d for p, d in kinds if p.startswith("cpu-bounce")}
     assert bounce == {"write", "read"}
-    assert sum(r.point.what in ("stall", "downtime") for r in rows) >= 2
     for r in rows:
         assert r.point.quote and r.point.source and r.point.where
         assert math.isfinite(r.predicted) and r.predicted > 0
@@ -184,11 +195,13 @@ def test_cli_prints_the_table_and_json_parses(capsys: pytest.CaptureFixture[str]
     assert main(["model", "--validate"]) == 0
     out = capsys.readouterr().out
     v = published.validate()
-    assert out.splitlines()[0].split()[:3] == ["point", "src", "path"]
+    assert out.splitlines()[0].startswith("independent points")
+    assert out.splitlines()[2].split()[:3] == ["point", "src", "path"]
+    assert "consistency checks (inputs from the same run or page; not in the headline):" in out
     for r in v.rows:
         assert r.point.id in out
     assert published.summary(v) in out
-    assert "left out (too thin to build a profile):" in out
+    assert "left out (too thin to build a profile, or not what the model predicts):" in out
     assert main(["model", "--validate", "--json"]) == 0
     js = json.loads(capsys.readouterr().out)
     assert js["file"].endswith("published.yaml")
@@ -198,6 +211,9 @@ def test_cli_prints_the_table_and_json_parses(capsys: pytest.CaptureFixture[str]
     assert first["measured"] == v.rows[0].point.measured
     assert first["error"] == pytest.approx(v.rows[0].error)
     assert js["worst"]["id"] == v.worst.point.id
+    assert js["independent_points"] == len(v.independent) and js["sources"] == v.sources
+    assert js["misses"] == [r.point.id for r in v.independent if r.miss]
+    assert js["consistency"]["points"] == [r.point.id for r in v.consistency]
 
 
 def test_cli_validate_refuses_a_profile_and_a_profile_is_needed_without_it(
@@ -217,7 +233,7 @@ def test_the_report_section_carries_the_summary_and_the_table(tmp_path: Path) ->
     assert "### Model against published measurements" in md
     assert published.summary(v) in md
     assert all(r.point.id in md for r in v.rows)
-    assert "Left out, too thin to build a profile:" in md
+    assert "Left out, too thin to build a profile or not what the model predicts:" in md
     # a broken file does not break a report: one line says why
     bad = tmp_path / "bad.yaml"
     bad.write_text("points: [")
@@ -232,17 +248,141 @@ def test_the_readmes_quote_the_table_as_it_computes() -> None:
     v = published.validate()
     for doc in ("README.md", "analysis/README.md"):
         text = " ".join((REPO / doc).read_text().split())
-        assert f"{len(v.rows)} points from {v.sources} sources" in text or (
-            f"{len(v.rows)} points, {v.sources} sources" in text
-        ), doc
+        n = len(v.independent)
+        assert f"{n} independent points from {v.sources} sources" in text, doc
+        assert f"{len(v.consistency)} consistency checks" in text, doc
         assert (
             f"edian {'absolute ' if doc != 'README.md' else ''}error {100 * v.median_error:.0f} %"
             in text
         ), doc
-        misses = sum(r.miss for r in v.rows)
+        misses = len(v.misses)
         said = (
-            f"{misses} of {len(v.rows)} points miss"
+            f"{misses} of {n} independent points miss"
             if doc == "README.md"
             else f"The {misses} misses"
         )
         assert said in text, doc
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parser's own message spans 8 lines with an excerpt of the file: one line instead."""
+    f = tmp_path / "published.yaml"
+    f.write_text("profiles:\n  planted: {description: x\npoints: []\n")
+    assert main(["model", "--validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: line 3, column 7: not valid YAML (expected ',' or '}}', but got ':')" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+GDS_W = PLANTED[0][0]  # gds-w: a write whose prediction uses ssd_write_GBps (and L = b)
+RULES = [
+    # (what breaks the rule: point changes, profile changes, assumptions), the one-line error
+    (({"test": None}, {}, []), "points.0 (gds-w).test: every point says its test"),
+    (({"experiment": None}, {}, []), "points.0 (gds-w).experiment: name the experiment"),
+    (({"ends": None}, {}, []), "points.0 (gds-w).ends: a write says what ended its timing"),
+    (
+        ({"ends": "page cache"}, {}, []),
+        "points.0 (gds-w).ends: timed without fsync (the page cache), not a durable write",
+    ),
+    (
+        ({"experiment": "planted-drive-run"}, {}, []),
+        "points.0 (gds-w).test: an independent point is predicted from other experiments, but "
+        "profiles.planted.ssd_write_GBps comes from its own (planted-drive-run): mark it "
+        "consistency",
+    ),
+    (({"per": "all", "what": "stall", "unit": "s"}, {}, []), "points.0 (gds-w).per: a time"),
+    (
+        ({"assumes": ["nope"]}, {}, []),
+        "points.0 (gds-w).assumes: unknown assumption 'nope' (known: none)",
+    ),
+    (
+        ({}, {}, [{"id": "one-hand", "says": "x", "tool": "hand", "paths": ["gds"]}]),
+        "points.0 (gds-w).assumes: assumption 'one-hand' holds for every point of its kind "
+        "('hand' on gds) and no other: name it, or drop it for all",
+    ),
+    (
+        (
+            {"assumes": ["one-hand"]},
+            {},
+            [{"id": "one-hand", "says": "x", "tool": "hand", "paths": ["cpu-bounce"]}],
+        ),
+        "points.0 (gds-w).assumes: assumption 'one-hand' holds for every point of its kind "
+        "('hand' on cpu-bounce) and no other: this point is not of that kind",
+    ),
+    (
+        ({}, {"d2h_GBps": q(10, source="an H100's figure, assumed the same for this GPU")}, []),
+        "profiles.planted.d2h_GBps.kind: marked measured, but its source says it is assumed",
+    ),
+    (
+        ({}, {"ssd_read_GBps": q(2, experiment=None)}, []),
+        "profiles.planted.ssd_read_GBps.experiment: a measured figure names the experiment",
+    ),
+    (
+        ({}, {"ssd_write_GBps": q(1)}, []),
+        "profiles.planted.ssd_write_GBps.ends: a measured write rate says what ended its timing",
+    ),
+    (
+        ({}, {"ssd_write_GBps": q(1, ends="page cache")}, []),
+        "profiles.planted.ssd_write_GBps.ends: timed without fsync (the page cache), it predicts "
+        "no durable write",
+    ),
+]
+
+
+@pytest.mark.parametrize(("breach", "message"), RULES, ids=[m[:40] for _, m in RULES])
+def test_each_rule_of_the_loader_refuses_a_file_that_breaks_it(
+    tmp_path: Path,
+    breach: tuple[dict, dict, list],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    change, figures, assumptions = breach
+    pt = {k: v for k, v in {**GDS_W, **change}.items() if v is not None}
+    f = write(tmp_path, [pt], {**PROFILE, **figures})
+    if assumptions:
+        doc = yaml.safe_load(f.read_text())
+        doc["assumptions"] = assumptions
+        f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert main(["model", "--validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # the same file without the breach passes
+    assert published.validate(write(tmp_path, [GDS_W])).rows[0].point.id == "gds-w"
+
+
+def test_an_assumption_for_every_point_of_its_kind_and_the_own_experiment_as_consistency(
+    tmp_path: Path,
+) -> None:
+    one = {"id": "one-hand", "says": "x", "tool": "hand", "paths": ["gds"]}
+    pts = [{**GDS_W, "assumes": ["one-hand"]}, {**PLANTED[1][0], "assumes": ["one-hand"]}]
+    f = write(tmp_path, [*pts, PLANTED[6][0]])  # cpu-r (cpu-buffer) is not of its kind
+    doc = yaml.safe_load(f.read_text())
+    doc["assumptions"] = [one]
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    v = published.validate(f)
+    assert [r.point.assumes for r in v.rows] == [["one-hand"], ["one-hand"], []]
+    # a point predicted from its own run is kept as a consistency check
+    own = {**GDS_W, "experiment": "planted-drive-run", "test": "consistency"}
+    v = published.validate(write(tmp_path, [own, PLANTED[1][0]]))
+    assert [r.point.id for r in v.consistency] == ["gds-w"]
+    # a figure of the same experiment that binds nothing does not count: the GDS read of three
+    # drives is bound by h (5 GB/s), so its drives' figure (6 GB/s) is not among its inputs
+    v = published.validate(write(tmp_path, [{**PLANTED[1][0], "experiment": "planted-drive-run"}]))
+    assert v.independent[0].point.id == "gds-r"
+
+
+def test_the_headline_is_over_independent_points_only(tmp_path: Path) -> None:
+    """A consistency check that misses moves neither the median nor the misses; a file with
+    no independent point has no headline."""
+    off = {**point("off", "gds", "write", 4, 2.0), "test": "consistency", "why": "planted"}
+    v = published.validate(write(tmp_path, [off, GDS_W]))
+    assert v.median_error == 0 and not v.misses and v.worst.point.id == "gds-w"
+    assert v.consistency_median_error == pytest.approx(1.0)
+    s = published.summary(v)
+    assert "Held against 1 independent published measurements from 1 sources" in s
+    assert "Apart, 1 consistency checks" in s and "median error 100 %." in s
+    with pytest.raises(UserError, match="points: no independent point"):
+        published.validate(write(tmp_path, [off]))

@@ -172,13 +172,22 @@ def profile_names(directory: Path = PROFILES_DIR) -> list[str]:
     return sorted(f.stem for f in directory.glob("*.yaml"))
 
 
+def yaml_error(e: yaml.YAMLError) -> str:
+    """A parser's error in one line: where (line, column) and what, without its multi-line
+    excerpt of the file."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or type(e).__name__
+    at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{at}not valid YAML ({what})"
+
+
 def _validated(path: Path, model: Any) -> Any:
     """A YAML file read into a pydantic model; a bad file is a UserError naming the path and,
     for a bad value, the key."""
     try:
         return model.model_validate(yaml.safe_load(path.read_text()))
     except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e})") from None
+        raise UserError(f"{path}: {yaml_error(e)}") from None
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])

@@ -243,8 +243,10 @@ def published_section(d: Doc, path: Path = PUBLISHED) -> None:
     d.ul([f"[{i}] {s}" for i, s in enumerate(source_list(v), 1)])
     misses = [f"{r.point.id}: {r.point.why}" for r in v.rows if r.miss]
     if misses:
-        d.p("Where it misses by more than 25 %, and why:")
+        d.p(
+            "Where it misses by more than 25 % (independent points and consistency checks), and why:"
+        )
         d.ul(misses)
     if v.left_out:
-        d.p("Left out, too thin to build a profile:")
+        d.p("Left out, too thin to build a profile or not what the model predicts:")
         d.ul([f"{x.source}: {x.why}" for x in v.left_out])
