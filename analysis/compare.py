@@ -176,6 +176,8 @@ def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> 
     for i, b in enumerate(rs[1:], 1):
         refusals += essential_differences(a, b, "A", _letter(i))
         warns += other_differences(a, b, "A", _letter(i))
+    for i, r in enumerate(rs):
+        warns += [f"{_letter(i)}: {line}" for line in runs.witness_lines(r.rows)]
     for lb, e in others:
         refusals += external.refusals(a.emulated, lb, e)
         warns += external.warnings(metric, lb, e)
@@ -191,15 +193,24 @@ def compare(run_dirs: list[str], metric: str = "write", force: bool = False) -> 
             if key not in ga:
                 continue
             g = ga[key]
+            va, vb = _values(g, col), _values(gb, col)
+            if not len(va) or not len(vb):  # every row of a side denied by the device
+                continue
             rec = dict(zip(CASE_KEY, key, strict=True))
             rec.update(run=_letter(i), mode_a=_mode(g), mode_b=_mode(gb))
-            rec.update(_ratio(g[col].to_numpy(), gb[col].to_numpy(), higher, _letter(i)))
+            rec.update(_ratio(va, vb, higher, _letter(i)))
             rows.append(rec)
     if len(rs) > 1 and not rows:
         raise UserError("compare: the runs share no case (engine, workload, SSD count)")
     table = stats.ordered(pd.DataFrame(rows)).reset_index(drop=True) if rows else pd.DataFrame()
     ext_table = _external_table(a, others, metric) if others else None
     return Comparison(rs, metric, table, refusals, warns, force, clock_notes(rs), others, ext_table)
+
+
+def _values(g: pd.DataFrame, col: str) -> np.ndarray:
+    """A case's values of the metric, without the rows it has none for: a save the block
+    device denied durable has no time to durability (analysis.runs.deny)."""
+    return g[col].dropna().to_numpy()
 
 
 def _ratio(a: np.ndarray, b: Any, higher: bool, lb: str) -> dict[str, Any]:
@@ -238,10 +249,12 @@ def _external_table(
             if p.direction != external.DIRECTION[metric]:
                 continue
             for key, g in a.ok.groupby(CASE_KEY, sort=False):
+                if not len(va := _values(g, col)):
+                    continue
                 rec: dict[str, Any] = dict(zip(CASE_KEY, key, strict=True))
                 rec.update(run=lb, source=p.label, path=p.path, durable=p.durable)
                 rec.update(mode_a=_mode(g), detail=p.detail)
-                rec.update(_ratio(g[col].to_numpy(), np.asarray(p.GBps), higher, lb))
+                rec.update(_ratio(va, np.asarray(p.GBps), higher, lb))
                 rows.append(rec)
     return pd.DataFrame(rows)
 

@@ -452,3 +452,61 @@ def test_a_run_under_eatmydata_is_denied_on_every_row_and_exits_1(loop_mount: Pa
     assert all(w.startswith("no: ") for w in df["durable_witness"]), df["durable_witness"]
     assert set(df.loc[df["error"] != "", "engine"]) == {"cpu-single", "cpu-double"}
     assert "row(s) failed" in got.stderr
+
+
+# --- what analysis does with a denied row ------------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "fixtures" / "runs" / "20261205T113902Z-default-3518d9"
+
+
+def _denied_run(tmp_path: Path, engine: str, how_many: int) -> Path:
+    """The recorded default run, with the witness columns said: every row `yes`, but the first
+    `how_many` timed rows of `engine` denied (as a run under eatmydata records them)."""
+    import pandas as pd
+
+    run = tmp_path / FIXTURE.name
+    shutil.copytree(FIXTURE, run)
+    df = pd.read_csv(run / "results.csv")
+    df["durable_witness"] = "yes"
+    df["restore_witness"] = "yes"
+    idx = df.index[(df["engine"] == engine) & ~df["warmup"]][:how_many]
+    df.loc[idx, "durable_witness"] = "no: 0B of the checkpoint's 256MiB reached vda"
+    df.to_csv(run / "results.csv", index=False)
+    return run
+
+
+def test_a_denied_save_keeps_its_stall_but_no_time_to_durability(tmp_path: Path) -> None:
+    from analysis import runs, stats
+
+    before = runs.load(str(FIXTURE))
+    run = runs.load(str(_denied_run(tmp_path, "torch-save", 2)))
+    ts = run.ok[run.ok["engine"] == "torch-save"]
+    denied = ts[ts["denied"]]
+    assert len(denied) == 2
+    assert denied["total_s"].isna().all() and denied["write_GBps"].isna().all()
+    assert denied["stall_s"].notna().all()  # the stall was real
+    assert runs.witness_lines(run.rows) == [
+        "2 save(s) the block device denied durable (its counters saw fewer bytes or no cache "
+        "flush): their total_s is no time to durability and is left out (stall kept): "
+        "torch-save 2"
+    ]
+    # the summary's medians are over the rows left: they move where the denied ones were
+    t0, t1 = (
+        stats.summary_table(r).set_index(["engine", "workload", "n_targets"]) for r in (before, run)
+    )
+    key = ("torch-save", *ts.iloc[0][["workload", "n_targets"]])
+    kept = ts[~ts["denied"] & (ts["workload"] == key[1]) & (ts["n_targets"] == key[2])]
+    assert len(kept) == 1  # of its 3 repetitions, the one the device did not deny
+    assert t1.loc[key, "total_s"] == pytest.approx(kept["total_s"].iloc[0])
+    assert t1.loc[key, "total_s"] != t0.loc[key, "total_s"]
+    assert t1.loc[key, "stall_s"] == t0.loc[key, "stall_s"]
+
+
+def test_compare_leaves_denied_rows_out_and_says_so(tmp_path: Path) -> None:
+    from analysis import compare
+
+    a = _denied_run(tmp_path / "a", "dcp", 12)  # every timed dcp row of the run
+    c = compare.compare([str(a), str(FIXTURE)], "durable")
+    assert "dcp" not in set(c.table["engine"])  # nothing left on A's side to compare
+    assert "torch-save" in set(c.table["engine"])
+    assert any(w.startswith("A: 12 save(s) the block device denied") for w in c.warnings)

@@ -232,7 +232,8 @@ def _from_rows(run: Any) -> Profile:
     snap = float(np.median(cs["total_bytes"] / cs["stall_s"]))
     n_min = int(cs["n_targets"].min())
     at_min = cs[cs["n_targets"] == n_min]
-    persist = float(np.median(at_min["total_bytes"] / at_min["persist_s"]))
+    # a save the device denied durable has no persist time (analysis.runs.deny)
+    persist = float(np.nanmedian(at_min["total_bytes"] / at_min["persist_s"]))
     shared = bool(run.shared_device)
     per_ssd = persist if shared else persist / n_min
     tag = "from run"
