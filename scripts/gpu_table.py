@@ -70,6 +70,16 @@ def _or_blank(v: object) -> object:
     return "" if v is None else v
 
 
+def _device_said(col: pd.Series) -> str:
+    """The block device's word on a case's rows (bench.measure.witness): 'yes 3/3', or the
+    first other verdict, cut short, with how many rows said yes."""
+    said = [str(x) for x in col.fillna("")]
+    other = [x for x in said if x != "yes"]
+    if not other:
+        return f"yes {len(said)}/{len(said)}"
+    return f"yes {len(said) - len(other)}/{len(said)}; {other[0][:50]}"
+
+
 def table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (wl, eng), g in df.groupby(["workload", "engine"], sort=False):
@@ -97,6 +107,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
                 "hash_s": round(statistics.median(ok["hash_s"].fillna(0)), 3),
                 "pinned_GiB": round(ok["pinned_bytes"].fillna(0).iloc[-1] / 2**30, 3),
                 "verified": bool(ok["verified"].astype(bool).all()),
+                "device_durable": _device_said(ok.get("durable_witness", pd.Series([""]))),
+                "device_read": _device_said(ok.get("restore_witness", pd.Series([""]))),
                 "threads": _or_blank(gd and gd.num_threads),
                 "reg_GiB": round((gd.registered_bytes or 0) / 2**30, 2) if gd else "",
                 "host_B": _or_blank(gd and gd.host_bytes),
