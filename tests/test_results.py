@@ -61,7 +61,7 @@ def test_floats_carry_their_unit_in_the_name(kind: type) -> None:
 def test_results_header_is_the_row_type_in_order(tmp_path: Path) -> None:
     assert results.COLUMNS == columns.names(results.Row)
     assert results.COLUMNS[:6] == ["run_id", "case_id", "engine", "device", "emulated", "gds_mode"]
-    assert results.COLUMNS[-2:] == ["dram_bytes", "stall_dram_bytes"]
+    assert results.COLUMNS[-2:] == ["device_read_bytes", "restore_witness"]
     w = results.RowWriter(str(tmp_path / "results.csv"))
     w.write(result_row(stall_s=0.5, error="OSError: x"))
     w.close()
