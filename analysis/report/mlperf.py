@@ -72,5 +72,7 @@ def mlperf_section(d: Doc, run: Run) -> None:
         "the targets' block devices counted (bench.measure.witness): 'durable', whether every "
         "rank's bytes and a cache flush reached them by the time ckptbench timed it durable; "
         "'DLIO v2.0 as run', the same at the moment DLIO v2.0 stops its clock (dlio-style's "
-        "return). A write whose device said no is left out of the GiB/s."
+        "return). The ranks share the host's devices, so in one rank's interval the others' "
+        "writes and flushes count too: a 'no' is conclusive, a 'yes' only necessary. A write "
+        "whose device said no is left out of the GiB/s."
     )
