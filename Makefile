@@ -55,9 +55,10 @@ bench: $(BIN)/.installed
 	$(BIN)/ckptbench run $(CONFIG) $(ARGS)
 
 # mypy first (pyproject.toml [tool.mypy]: bench/ and analysis/, pinned): a type error fails the tests.
+# --durations=25: the slowest tests named in every run.
 test: $(BIN)/.installed
 	$(BIN)/mypy
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q --durations=25 $(ARGS)
 
 engines: $(BIN)/.installed
 	$(BIN)/ckptbench engines
@@ -133,27 +134,21 @@ peers: $(BIN)/.installed
 # its report (slopes, Figures 10 and 11) in the run's report/ folder.
 .PHONY: scaling
 scaling: $(BIN)/.installed
-	$(BIN)/ckptbench run configs/scaling.yaml $(ARGS); rc=$$?; \
-	run=$$(ls -d results/*-scaling-* 2>/dev/null | sort | tail -1); \
-	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
+	$(BIN)/ckptbench run configs/scaling.yaml --report $(ARGS)
 
 # What a save costs per tensor beside per byte (configs/many-tensors.yaml: 80 MiB as 20,480 x
 # 4 KiB, 1,280 x 64 KiB and 5 x 16 MiB, and a mixture-of-experts shard), and its report (us per
 # tensor next to GB/s) in the run's report/ folder.
 .PHONY: many-tensors
 many-tensors: $(BIN)/.installed
-	$(BIN)/ckptbench run configs/many-tensors.yaml $(ARGS); rc=$$?; \
-	run=$$(ls -d results/*-many-tensors-* 2>/dev/null | sort | tail -1); \
-	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
+	$(BIN)/ckptbench run configs/many-tensors.yaml --report $(ARGS)
 
 # MLPerf Storage v2.0's checkpoint workload (configs/mlperf.yaml: llama3-1t's 8 ranks of one host,
 # every rank's bytes scaled to fit here, 10 writes, the cache cleared, 10 reads, every engine and
 # dlio-style, DLIO's own way of writing), and its report (MLPerf's metrics) in the run's report/.
 .PHONY: mlperf
 mlperf: $(BIN)/.installed
-	$(BIN)/ckptbench run configs/mlperf.yaml $(ARGS); rc=$$?; \
-	run=$$(ls -d results/*-mlperf-* 2>/dev/null | sort | tail -1); \
-	if [ -n "$$run" ]; then $(BIN)/ckptbench report $$run || rc=1; fi; exit $$rc
+	$(BIN)/ckptbench run configs/mlperf.yaml --report $(ARGS)
 
 # Each engine next to the device's ceilings (fio when installed) on one target, with the ratios.
 .PHONY: ceiling

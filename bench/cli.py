@@ -62,10 +62,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"skipped (tensor larger than total): {skipped}")
     for line in summary_lines(run_dir, r.notes):
         print(line)
+    code = 0
     if r.failures:
         print(f"{r.failures} row(s) failed or did not verify", file=sys.stderr)
+        code = 1
+    if args.report:
+        code = max(code, report_of(run_dir))
+    return code
+
+
+def report_of(run_dir: str) -> int:
+    """`run --report`: the report of the run just made (never another run found by a glob);
+    1 where it could not be built, said in one line."""
+    try:
+        return _cmd_report(argparse.Namespace(run_dir=run_dir, output=None, figures_only=False))
+    except UserError as e:
+        print(f"ckptbench: the report of {run_dir} could not be built: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 def _preflight_table(r: Sweep) -> int:
@@ -363,6 +376,11 @@ def parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue an interrupted run: skip the rows it recorded "
         "(refused if the config changed)",
+    )
+    r.add_argument(
+        "--report",
+        action="store_true",
+        help="then build the report of the run it made, as `ckptbench report RUN_DIR` does",
     )
     r.add_argument(
         "--nproc",

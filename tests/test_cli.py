@@ -160,6 +160,11 @@ def test_run_tiny_sweep(scratch: Path) -> None:
     assert len(rows) == 32
     assert {r["verified"] for r in rows} == {"True"}
     assert {r["error"] for r in rows} == {""}
+    # every save and restore as the block device saw it (bench.measure.witness)
+    if os.major(os.stat(scratch).st_dev) != 0:
+        assert {r["durable_witness"] for r in rows} == {"yes"}
+        assert {r["restore_witness"] for r in rows} == {"yes"}
+        assert all(int(r["device_written_bytes"]) >= int(r["total_bytes"]) for r in rows)
     # Whether torch's CPU allocations were on huge pages (bench/PERF.md) is part of the record.
     env = json.loads((run_dir / "env.json").read_text())
     assert env["vm"]["torch_thp_alloc"] == os.environ.get("THP_MEM_ALLOC_ENABLE")
@@ -167,3 +172,37 @@ def test_run_tiny_sweep(scratch: Path) -> None:
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     want = re.search(r"\[(\w+)\]", thp.read_text()).group(1) if thp.exists() else None  # type: ignore[union-attr]
     assert env["vm"]["thp"] == want
+
+
+def test_run_report_builds_the_report_of_the_run_it_made(scratch: Path) -> None:
+    """`run --report` reports the run it made, wherever -o put it: never a run found by a glob
+    (make scaling, make many-tensors and make mlperf rely on it)."""
+    path = write_config(
+        scratch,
+        engines=["torch-save"],
+        tensor_sizes=["8MiB"],
+        ssd_counts=[1],
+        warmups=0,
+        ceilings={"enabled": False},
+    )
+    out = scratch / "elsewhere"
+    p = ckptbench("run", str(path), "-o", str(out), "-q", "--report")
+    assert p.returncode == 0, p.stderr
+    (run_id,) = os.listdir(out)
+    assert (out / run_id / "report" / "report.md").is_file()
+    assert "wrote " in p.stdout and str(out / run_id / "report") in p.stdout
+
+
+@pytest.mark.parametrize("target", ["scaling", "many-tensors", "mlperf"])
+def test_the_make_targets_report_the_run_they_made(target: str) -> None:
+    got = subprocess.run(
+        ["make", "-n", target, "ARGS=-o /some/where"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert got.returncode == 0, got.stderr
+    line = next(x for x in got.stdout.splitlines() if "ckptbench run" in x)
+    assert line.endswith(f"run configs/{target}.yaml --report -o /some/where")
+    assert "results/" not in got.stdout  # no glob for "its" run

@@ -75,6 +75,8 @@ def run_argv(args: Any) -> list[str]:
         argv.append("-q")
     if args.resume:
         argv += ["--resume", args.resume]
+    if getattr(args, "report", False):
+        argv.append("--report")
     return argv
 
 
@@ -167,6 +169,10 @@ def worker_main(args: Any) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+        if rank == 0 and getattr(args, "report", False):
+            from bench.cli import report_of
+
+            code = max(code, report_of(run_dir))
     except UserError as e:
         if rank == 0:
             print(f"ckptbench: error: {e}", file=sys.stderr)
