@@ -153,7 +153,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single.chunkbytes: unknown key (known: chunk_bytes, "
             "threads_per_target, checksums, device, fallocate, max_write_bw, staging_chunks, "
-            "copy_threads, overlap, overlap_writes, read_threads_per_target)",
+            "copy_threads, overlap, overlap_writes, read_threads_per_target, restore_direct)",
         ),
         (
             # gds has no snapshot: the snapshot's knobs are refused, not silently ignored

@@ -101,7 +101,7 @@ def test_shipped_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
             {"engine_options": {"cpu-single": {"chunk": 1}}},
             "config: engine_options.cpu-single.chunk: unknown key (known: chunk_bytes, "
             "threads_per_target, checksums, device, fallocate, max_write_bw, staging_chunks, "
-            "copy_threads, overlap, overlap_writes, read_threads_per_target)",
+            "copy_threads, overlap, overlap_writes, read_threads_per_target, restore_direct)",
         ),
         (
             {"engine_options": {"none": {}}},

@@ -238,8 +238,9 @@ class Row:
         ranks="sum",
     )
     restore_into: str | None = column(
-        "`fresh` (new memory, compared byte for byte with the source) or `in-place` (into the "
-        "state's own tensors, checked against fingerprints of the source taken before the save).",
+        "`restart` (into the state's own tensors, scrubbed before the load, checked against "
+        "fingerprints of the source taken before the save; `in-place` in older runs) or `fresh` "
+        "(new memory, the first-touch case, compared byte for byte with the source).",
         None,
     )
     host_cpu_s: float | None = column(

@@ -6,10 +6,14 @@ aligned offset, the stream cut into chunks, chunk j to target j % n at offset (j
 `packing` recognises that layout in a manifest; `read_packed` reads it back:
 - into new host memory: every chunk straight into one aligned host buffer laid out as the
   stream, each tensor a view at its packed offset (the buffer is freed when the last view goes);
-- into new device memory (CUDA), or in place (`into`): chunk by chunk through a ring of aligned
-  slots (the engine's staging, pinned on CUDA); the copy out of one slot (host-to-device on a
-  side stream, or a memcpy into a host tensor) overlaps the reads of the next chunks, and a slot
-  is read into again only once its copy is done.
+- in place (`into`, a restart's destination): a chunk whose bytes all belong to one host
+  tensor, a whole number of blocks that start on a block boundary of that tensor's memory, is
+  read straight into it (one copy: the disk's DMA; `direct_chunks`, checked tensor by tensor,
+  never assumed); the others as into device memory:
+- into new device memory (CUDA), or the rest of a restore in place: chunk by chunk through a
+  ring of aligned slots (the engine's staging, pinned on CUDA); the copy out of one slot
+  (host-to-device on a side stream, or a memcpy into a host tensor) overlaps the reads of the
+  next chunks, and a slot is read into again only once its copy is done.
 Several reads are in flight across the targets (threads: os.preadv releases the GIL), one per
 chunk. O_DIRECT needs aligned offsets, lengths and buffers: every chunk starts on a block
 boundary of its file and of the buffer, and the last chunk of the stream, shorter, is read up to
@@ -217,12 +221,14 @@ def read_packed(
     device: torch.device | None = None,
     ring: np.ndarray | None = None,
     into: list[torch.Tensor] | None = None,
+    direct: bool = True,
 ) -> list[torch.Tensor]:
     """Every tensor of checkpoint `m` (packed as `p`), read with O_DIRECT by `threads` threads:
     into new host memory (`device` None or cpu), new device memory, or the tensors of `into`
     (one per entry, each of its entry's bytes) in place. `ring`: aligned (on CUDA, pinned) host
     memory of at least one chunk, for the two last; its length sets how many chunks are in
-    flight. Raises UserError on a missing or short file, ChecksumError naming the tensor and
+    flight. `direct` (in place): the chunks that can be read straight into a host tensor are;
+    False: every chunk through the ring. Raises UserError on a missing or short file, ChecksumError naming the tensor and
     file when `check` and a tensor's bytes do not match its checksum."""
     layout.check_files(targets, m)
     files = _Files(targets, m, p)
@@ -230,7 +236,7 @@ def read_packed(
         with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="readback") as pool:
             if into is not None:
                 assert ring is not None, "a restore in place reads through a ring"
-                return _in_place(targets, m, p, files, pool, ring, into, check)
+                return _in_place(targets, m, p, files, pool, ring, into, check, direct)
             if device is not None and device.type != "cpu":
                 assert ring is not None, "a restore to a device reads through a ring"
                 return _to_device(targets, m, p, files, pool, ring, device, check)
@@ -272,34 +278,37 @@ def _through_ring(
     pool: ThreadPoolExecutor,
     ring: np.ndarray,
     consume: Callable[[int, int], Any],
+    chunks: list[int] | None = None,
 ) -> None:
-    """Read every chunk into a slot of `ring` (several in flight) and hand it, in stream order,
-    to `consume(j, slot start)`, which returns an event (with `synchronize()`) marking the end of
-    its copies out of the slot, or None when it copied synchronously; a slot is read into again
-    only after that event."""
+    """Read every chunk (or those of `chunks`, in that order) into a slot of `ring` (several in
+    flight) and hand it, in that order, to `consume(j, slot start)`, which returns an event
+    (with `synchronize()`) marking the end of its copies out of the slot, or None when it copied
+    synchronously; a slot is read into again only after that event."""
+    order = list(range(p.chunks)) if chunks is None else chunks
     # A stream of one chunk needs only that chunk rounded up to a block.
     slots = len(ring) // p.chunk if p.chunks > 1 else 1
     need = p.chunk if p.chunks > 1 else odirect.align_up(p.used)
     assert slots >= 1 and len(ring) >= need, "the ring holds at least one chunk"
     events: list[Any] = [None] * slots
 
-    def read(j: int) -> None:
-        s = j % slots
+    def read(k: int) -> None:
+        s = k % slots
         ev = events[s]
         if ev is not None:
             ev.synchronize()
         lo = s * p.chunk
+        j = order[k]
         files.read(j, ring[lo : lo + odirect.align_up(p.place(j)[3])])
 
     pending: dict[int, Future] = {}
     try:
-        for j in range(min(slots, p.chunks)):
-            pending[j] = pool.submit(read, j)
-        for j in range(p.chunks):
-            pending.pop(j).result()
-            events[j % slots] = consume(j, (j % slots) * p.chunk)
-            if j + slots < p.chunks:
-                pending[j + slots] = pool.submit(read, j + slots)
+        for k in range(min(slots, len(order))):
+            pending[k] = pool.submit(read, k)
+        for k in range(len(order)):
+            pending.pop(k).result()
+            events[k % slots] = consume(order[k], (k % slots) * p.chunk)
+            if k + slots < len(order):
+                pending[k + slots] = pool.submit(read, k + slots)
     finally:
         for f in pending.values():
             try:
@@ -355,10 +364,13 @@ def _in_place(
     ring: np.ndarray,
     into: list[torch.Tensor],
     check: bool,
+    direct: bool = True,
 ) -> list[torch.Tensor]:
-    """Chunk by chunk through the ring into the tensors of `into`: a memcpy into contiguous host
-    tensors, a host-to-device copy into contiguous device tensors; a strided tensor gathers its
-    bytes in a contiguous one on its device first, copied into it at the end."""
+    """Into the tensors of `into`: the chunks `direct_chunks` finds read straight into host
+    tensors' memory (unless not `direct`), the others through the ring, a memcpy into
+    contiguous host tensors, a host-to-device copy into contiguous device tensors; a strided
+    tensor gathers its bytes in a contiguous one on its device first, copied into it at the
+    end."""
     flat: list[torch.Tensor | None] = []
     host: dict[int, np.ndarray] = {}
     gathered: list[tuple[torch.Tensor, torch.Tensor, TensorEntry]] = []
@@ -378,8 +390,13 @@ def _in_place(
     devs = [f for i, f in enumerate(flat) if f is not None and i not in host]
     copies = device_copies(devs[0].device) if devs else None
     ring_t = torch.from_numpy(ring)
-    hashes = _Hashes(targets, m, check and m.checksums)
     spans = p.spans(m.tensors)
+    straight = direct_chunks(p, spans, host) if direct else {}
+    # a tensor read straight (in part) is hashed whole at the end, not streamed in order
+    hashes = _Hashes(targets, m, check and m.checksums)
+    whole = {spans[j][0][0] for j in straight}
+    for i in whole:
+        hashes.h.pop(i, None)
 
     def consume(j: int, s: int) -> Any:
         lo = p.place(j)[2]
@@ -398,19 +415,52 @@ def _in_place(
                 queued = True
         return copies.record() if queued and copies is not None else None
 
+    reads = [pool.submit(files.read, j, dst) for j, dst in straight.items()]
     try:
-        _through_ring(files, p, pool, ring, consume)
+        _through_ring(
+            files, p, pool, ring, consume, [j for j in range(p.chunks) if j not in straight]
+        )
     finally:
         if copies is not None:
             copies.finish()
+        for fut in reads:  # the first error raises; none is left writing into the destination
+            fut.exception()
+    for fut in reads:
+        fut.result()
     hashes.check()
     if check and m.checksums:
-        for e, mem in zip(m.tensors, flat, strict=True):
-            if mem is not None and e.xxh3 is None:
-                layout.check_entry(targets, m, e, mem)
+        for i, (e, mem) in enumerate(zip(m.tensors, flat, strict=True)):
+            if mem is not None and (e.xxh3 is None or i in whole):
+                layout.check_entry(targets, m, e, host.get(i, mem))
     for d, g, e in gathered:
         d.copy_(layout.typed(g, e))
     return into
+
+
+def direct_chunks(
+    p: Packed, spans: list[list[tuple[int, int, int]]], host: dict[int, np.ndarray]
+) -> dict[int, np.ndarray]:
+    """The chunks that O_DIRECT can read straight into a host tensor's memory, each with that
+    memory: every byte of the chunk is that one tensor's, its length is a whole number of
+    blocks, and its place in the tensor's memory starts on a block boundary. Checked for each
+    chunk from the memory's address, never assumed: torch's own allocator gives large tensors
+    64-byte, not page, alignment; the sweep's host-emulated states are carved page-aligned out
+    of huge pages (bench.workloads.synthetic.DeviceMemory); a tensor's last partial block, the
+    padding between tensors and chunks shared by several tensors go through the ring."""
+    out: dict[int, np.ndarray] = {}
+    for j, sp in enumerate(spans):
+        if len(sp) != 1:
+            continue
+        i, a, b = sp[0]
+        _, _, lo, length = p.place(j)
+        mem = host.get(i)
+        if mem is None or (a, b) != (lo, lo + length) or length % odirect.ALIGN:
+            continue
+        off = p.offsets[i]
+        dst = mem[a - off : b - off]
+        if dst.ctypes.data % odirect.ALIGN == 0:
+            out[j] = dst
+    return out
 
 
 def read_extents(
