@@ -463,6 +463,28 @@ def direct_chunks(
     return out
 
 
+def _direct_pieces(
+    t: int,
+    off: int,
+    length: int,
+    mem: np.ndarray,
+    chunk: int,
+    straight: list[tuple[int, int, np.ndarray]],
+) -> list[tuple[int, int, int]]:
+    """Split one extent (`length` bytes at file offset `off` of target `t`, landing in `mem`):
+    its whole blocks appended to `straight` as (target, file offset, memory) reads of `chunk`
+    at most, where the file offset and the memory address agree modulo the block (checked,
+    never assumed); returns what is left for the bounce buffers: (file offset, length, its
+    position in `mem`)."""
+    a, b = odirect.align_up(off), odirect.align_down(off + length)
+    if b <= a or (mem.ctypes.data + (a - off)) % odirect.ALIGN:
+        return [(off, length, 0)]
+    for lo in range(a, b, chunk):
+        hi = min(b, lo + chunk)
+        straight.append((t, lo, mem[lo - off : hi - off]))
+    return [(o, n, at) for o, n, at in ((off, a - off, 0), (b, off + length - b, b - off)) if n]
+
+
 def read_extents(
     targets: list[str],
     m: Manifest,
@@ -474,12 +496,17 @@ def read_extents(
     into: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Tensors of checkpoint `m` (those at indexes `only`, in that order) read with O_DIRECT
-    whatever its layout (gds's, where a tensor may start anywhere in its file): every `chunk` of
-    a data file that holds their bytes read into an aligned bounce buffer of the reading thread,
-    `threads` at once, and each extent's bytes copied out of it into the tensor's memory (new
-    host memory, or the flat uint8 host tensors of `into`). One copy more than the packed
-    stream's read, as kvikio's POSIX path reads through its bounce buffers, and no page of the
-    checkpoint left in the page cache. Raises as `read_packed`."""
+    whatever its layout (gds's, where a tensor may start anywhere in its file), `threads` reads
+    at once, no page of the checkpoint left in the page cache:
+    - into the flat uint8 host tensors of `into` (a restart: the emulation of kvikio's pread
+      into the destination), every whole block of an extent whose file offset and memory
+      address agree modulo the block straight into the tensor's memory, in reads of `chunk`
+      at most (`_direct_pieces`);
+    - the rest (new host memory, the unaligned heads and tails of extents): the part of each
+      `chunk` of a data file that holds their bytes read into an aligned bounce buffer of the
+      reading thread, and each extent's bytes copied out of it, as kvikio's POSIX path reads
+      through its bounce buffers.
+    Raises as `read_packed`."""
     import threading
 
     layout.check_files(targets, m)
@@ -494,11 +521,16 @@ def read_extents(
         out = {i: arr[at[i] : at[i] + m.tensors[i].nbytes] for i in chosen}
     # (target, chunk index) -> the extents in it: (file offset, length, tensor, its position)
     spans: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    straight: list[tuple[int, int, np.ndarray]] = []  # (target, file offset, memory)
     for i in chosen:
         pos = 0
         for t, off, length in m.tensors[i].extents:
-            for k in range(off // chunk, (off + length - 1) // chunk + 1 if length else 0):
-                spans.setdefault((t, k), []).append((off, length, i, pos))
+            rest = [(off, length, 0)]
+            if into is not None:
+                rest = _direct_pieces(t, off, length, out[i][pos : pos + length], chunk, straight)
+            for o, n, here in rest:
+                for k in range(o // chunk, (o + n - 1) // chunk + 1 if n else 0):
+                    spans.setdefault((t, k), []).append((o, n, i, pos + here))
             pos += length
     paths = {t: layout.data_path(targets, m, t) for t in m.files}
     fds: dict[int, int] = {}
@@ -514,20 +546,28 @@ def read_extents(
             buf = local.buf = odirect.HostBuffer(chunk, prefault=False)
             with lock:
                 buffers.append(buf)
-        lo = k * chunk
-        length = min(chunk, int(m.files[t]["bytes"]) - lo)
-        read_aligned(fds[t], buf.array, lo, length, m.name, paths[t])
+        # only the blocks of the chunk that its extents touch
+        first, end = k * chunk, min((k + 1) * chunk, int(m.files[t]["bytes"]))
+        lo = odirect.align_down(max(first, min(off for off, _, _, _ in spans[key])))
+        hi = min(end, max(off + size for off, size, _, _ in spans[key]))
+        read_aligned(fds[t], buf.array, lo, hi - lo, m.name, paths[t])
         for off, size, i, pos in spans[key]:
-            a, b = max(lo, off), min(lo + length, off + size)
+            a, b = max(lo, off), min(hi, off + size)
             out[i][pos + a - off : pos + b - off] = buf.array[a - lo : b - lo]
+
+    def read_straight(piece: tuple[int, int, np.ndarray]) -> None:
+        t, off, mem = piece
+        read_aligned(fds[t], mem, off, len(mem), m.name, paths[t])
 
     try:
         for t, path in paths.items():
             fds[t] = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        # no more threads (and bounce chunks) than there are chunks to read
-        workers = max(1, min(threads, len(spans)))
+        # no more threads (and bounce chunks) than there are reads
+        workers = max(1, min(threads, len(spans) + len(straight)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="readback") as pool:
-            for f in [pool.submit(read, key) for key in sorted(spans)]:
+            futures = [pool.submit(read_straight, piece) for piece in straight]
+            futures += [pool.submit(read, key) for key in sorted(spans)]
+            for f in futures:
                 f.result()
     finally:
         for fd in fds.values():
