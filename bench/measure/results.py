@@ -408,10 +408,14 @@ class CheckpointRow:
         None,
     )
     restart_load_s: float | None = column(
-        "Part of restart_s: the engine's load, until the device was synchronised.", None
+        "Part of restart_s: the engine's load, until the device was synchronised; with "
+        "`restore: restart` (the default) into the fresh model and optimizer's own tensors, "
+        "its copy into them included.",
+        None,
     )
     restart_first_step_s: float | None = column(
-        "Part of restart_s: the first training step after the load (the rest is load_state_dict).",
+        "Part of restart_s: the first training step after the load (the rest is load_state_dict, "
+        "with `restore: fresh`).",
         None,
     )
     restart_loss_match: bool | None = column(
