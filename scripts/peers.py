@@ -3,13 +3,16 @@ itself, in one alternating run (`make peers`).
 
 Every method saves the same state (random bytes, 64 MiB tensors) into one target, one after the
 other, repetition by repetition: the page cache dropped before every save (when root), every save
-durable (fsync) and restored and compared byte for byte afterwards, untimed. Beside them fio
-writes the same number of bytes with O_DIRECT (libaio, queue depth 16, 8 MiB blocks, end_fsync)
-into a preallocated file: what the disk does; and the copy ceiling (the snapshot's own copy,
-best of 5) is measured in every repetition, so that each stall is judged against the memory
-bandwidth of its own moment. The table gives stall and time to durability
-(min-max over the repetitions) and the median bandwidth to durability; the raw rows go to
-results/peers-<stamp>/peers.csv with env.json.
+durable (fsync). Then each restores as its best user restarts (bench.run.restart, timed by
+bench.run.rows.restore_phase): into the state's own tensors, scrubbed first, its pages evicted;
+in place where its API can, else its loader and the copy into the state; checked against the
+source's fingerprints. Beside them fio writes the same number of bytes with O_DIRECT (libaio,
+queue depth 16, 8 MiB blocks, end_fsync) into a preallocated file and reads them back with
+O_DIRECT: what the disk does; and the copy ceiling (the snapshot's own copy, best of 5) is
+measured in every repetition, so that each stall is judged against the memory bandwidth of its
+own moment. The tables give stall and time to durability (min-max over the repetitions) and the
+median bandwidth to durability, then each restart's time and median bandwidth; the raw rows go
+to results/peers-<stamp>/peers.csv with env.json.
 
     .venv/bin/python scripts/peers.py [--size 1GiB] [--reps 5] [--target DIR]
 """
@@ -31,7 +34,8 @@ from bench.common import cudasync, devices, sizes
 from bench.measure import ceiling, ceilings, clock, env, results
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings, Measured, Method
-from bench.storage.verify import first_difference, first_tensor_difference
+from bench.run import rows as phases
+from bench.storage import verify
 from bench.workloads import synthetic_state
 
 COPY = "copy ceiling (warm buffer, best of 5)"
@@ -47,10 +51,11 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def fio_disk(target: str, nbytes: int) -> float:
+def fio_disk(target: str, nbytes: int) -> tuple[float, float]:
     """Seconds fio takes to write `nbytes` with O_DIRECT, libaio qd16, 8 MiB blocks, end_fsync,
     into a preallocated file, from buffers on huge pages as cpu-single's staging
-    (bench.measure.ceiling.fio_env)."""
+    (bench.measure.ceiling.fio_env); then to read them back the same way, the file's pages
+    dropped first (`invalidate=1`)."""
     path = os.path.join(target, ".ckptbench-peers-fio")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -58,31 +63,63 @@ def fio_disk(target: str, nbytes: int) -> float:
     finally:
         os.close(fd)
     try:
-        out = subprocess.run(
-            [
-                "fio",
-                "--output-format=json",
-                "--name=disk",
-                f"--filename={path}",
-                f"--size={nbytes}",
-                "--rw=write",
-                "--bs=8m",
-                "--direct=1",
-                "--ioengine=libaio",
-                "--iodepth=16",
-                "--end_fsync=1",
-                "--fallocate=none",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-            env=ceiling.fio_env()[0],
-        )
-        w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["write"]
-        return float(w["runtime"]) / 1e3
+        return _fio(path, nbytes, "write"), _fio(path, nbytes, "read")
     finally:
         os.unlink(path)
+
+
+def _fio(path: str, nbytes: int, rw: str) -> float:
+    out = subprocess.run(
+        [
+            "fio",
+            "--output-format=json",
+            "--name=disk",
+            f"--filename={path}",
+            f"--size={nbytes}",
+            f"--rw={rw}",
+            "--bs=8m",
+            "--direct=1",
+            "--ioengine=libaio",
+            "--iodepth=16",
+            *(["--end_fsync=1"] if rw == "write" else ["--invalidate=1"]),
+            "--fallocate=none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env=ceiling.fio_env()[0],
+    )
+    w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0][rw]
+    return float(w["runtime"]) / 1e3
+
+
+def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep: int) -> Any:
+    """One restart of checkpoint `name` into `state` (bench.run.rows.restore_phase: scrubbed,
+    evicted, the load timed, the destination checked against `want`); its row."""
+    n, total = phases.tensor_stats(state)
+    row = results.Row(
+        run_id="peers",
+        case_id=name,
+        engine=eng.name,
+        device=dev.kind,
+        emulated=dev.emulated,
+        workload="peers",
+        total_bytes=total,
+        tensor_bytes=0,
+        n_tensors=n,
+        n_targets=1,
+        rep=rep,
+        warmup=False,
+        cache_dropped=True,
+        dtype="float32",
+        options=phases.options_json(eng),
+    )
+    try:
+        phases.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
+    except Exception as e:  # the row says it, the table counts it as unverified
+        row.error, row.verified = phases.error_text(e), False
+    return row
 
 
 def copy_ceilings(size: int, dev: devices.Device, threads: int) -> Ceilings:
@@ -120,6 +157,7 @@ def main() -> int:
     copies: list[Ceilings] = []
     run_id, run_dir = results.new_run_dir(a.output, "peers")
     rows: list[dict[str, Any]] = []
+    want = verify.fingerprint(state)  # what every restart must bring back
     for rep in range(a.reps):
         # The copy ceiling alternates with the saves too: this host's memory bandwidth moves
         # as much as its disk does, and a stall is judged against the ceiling of its own rep.
@@ -131,6 +169,8 @@ def main() -> int:
                 "engine": "copy",
                 "stall_s": size / copies[-1].host[ceilings.COPY].Bps,
                 "durable_s": "",
+                "restore_s": "",
+                "restore_cached_bytes": "",
                 "verified": True,
             }
         )
@@ -139,12 +179,12 @@ def main() -> int:
             measure.drop_page_cache()
             # The harness's clock around the save, as in a sweep (bench.measure.clock)
             res = clock.clocked(eng).save(state, f"peers-{rep}").wait()
-            loaded = eng.load(f"peers-{rep}", device=str(dev.torch_device))
-            diff = (first_tensor_difference if eng.traits.loose_keys else first_difference)(
-                state, loaded
-            )
-            del loaded
+            back = restart(clock.clocked(eng), f"peers-{rep}", state, want, dev, rep)
             eng.delete(f"peers-{rep}")
+            if not back.verified:  # the state holds what the restart left: made again
+                state = synthetic_state(
+                    size, sizes.parse_size(a.tensor, "--tensor"), device=dev.torch_device
+                )
             rows.append(
                 {
                     "rep": rep,
@@ -152,17 +192,20 @@ def main() -> int:
                     "engine": name,
                     "stall_s": res.stall_s,
                     "durable_s": res.total_s,
-                    "verified": diff is None,
+                    "restore_s": back.restore_s if back.restore_s is not None else "",
+                    "restore_cached_bytes": back.restore_cached_bytes,
+                    "verified": bool(back.verified),
                 }
             )
             print(
-                f"rep {rep} {label}: stall {res.stall_s:.3f} s, durable {res.total_s:.3f} s"
-                + ("" if diff is None else f", DIFFERS at {diff}"),
+                f"rep {rep} {label}: stall {res.stall_s:.3f} s, durable {res.total_s:.3f} s, "
+                f"restart {back.restore_s or float('nan'):.3f} s"
+                + ("" if back.verified else f", {back.error}"),
                 file=sys.stderr,
             )
         if has_fio:
             measure.drop_page_cache()
-            t = fio_disk(a.target, size)
+            t, r = fio_disk(a.target, size)
             rows.append(
                 {
                     "rep": rep,
@@ -170,6 +213,8 @@ def main() -> int:
                     "engine": "fio",
                     "stall_s": "",
                     "durable_s": t,
+                    "restore_s": r,
+                    "restore_cached_bytes": 0,
                     "verified": True,
                 }
             )
@@ -234,8 +279,28 @@ def main() -> int:
             f"({min(ratios):.2f}-{max(ratios):.2f}; the ratio of the medians: {of_medians:.2f}); "
             f"median {statistics.median(like):.2f} x its repetition's median copy run"
         )
+    restarts(rows, size)
     print(f"rows: {run_dir}/peers.csv")
     return 0 if all(r["verified"] for r in rows) else 1
+
+
+def restarts(rows: list[dict[str, Any]], size: int) -> None:
+    """The restore side: each method's restart (fio: its O_DIRECT read of the same bytes),
+    min-max and median GB/s, the page cache it left, and the median against fio's read."""
+    print(
+        "\n| restart into the existing state | restore s | median GB/s | x fio read | cached bytes |"
+    )
+    print("|---|---|---|---|---|")
+    med: dict[str, float] = {}
+    for label in dict.fromkeys(r["method"] for r in rows if r["restore_s"] != ""):
+        d = [float(r["restore_s"]) for r in rows if r["method"] == label and r["restore_s"] != ""]
+        med[label] = statistics.median(d)
+    fio = med.get(FIO)
+    for label, m in med.items():
+        d = [float(r["restore_s"]) for r in rows if r["method"] == label and r["restore_s"] != ""]
+        cached = max(int(r["restore_cached_bytes"] or 0) for r in rows if r["method"] == label)
+        vs = f"{fio / m:.2f}" if fio else ""
+        print(f"| {label} | {min(d):.2f}-{max(d):.2f} | {size / m / 1e9:.2f} | {vs} | {cached} |")
 
 
 if __name__ == "__main__":
