@@ -297,3 +297,20 @@ def test_gds_emulation_restarts_whole_blocks_straight_into_the_tensors(
     elif shape == "unaligned":
         assert straight == []
     eng.check("ckpt", state)
+
+
+def test_a_restart_read_straight_into_the_tensors_does_not_grow_a_bounded_staging(
+    make_engine, targets
+):
+    """The ring is made only where a chunk goes through it: a bounded staging (one chunk) is
+    not grown to the ring inside the timed load when every chunk lands in the tensors."""
+    state = small_state()
+    want = verify.fingerprint(state)
+    eng = _saved(make_engine, targets, "cpu-single", state, chunk_bytes="64KiB", staging_chunks=1)
+    held = eng.staging.capacity
+    row = _restart(eng, "cpu-single", state, want)
+    assert (row.verified, eng.staging.capacity) == (True, held)
+    ring = {f"t{i:05d}": torch.randn(16 * KiB) for i in range(4)}  # unaligned: the ring
+    eng.save(ring, "ckpt").wait()
+    row = _restart(eng, "cpu-single", ring, verify.fingerprint(ring))
+    assert row.verified and eng.staging.capacity > held

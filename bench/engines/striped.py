@@ -264,7 +264,7 @@ class StripedEngine:
                 packed,
                 threads=self._read_threads(),
                 check=checksums,
-                ring=self._read_ring(packed),
+                ring=partial(self._read_ring, packed),
                 into=dst,
                 direct=bool(getattr(self.options, "restore_direct", False)),
             )

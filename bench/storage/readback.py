@@ -219,7 +219,7 @@ def read_packed(
     threads: int,
     check: bool = True,
     device: torch.device | None = None,
-    ring: np.ndarray | None = None,
+    ring: np.ndarray | Callable[[], np.ndarray] | None = None,
     into: list[torch.Tensor] | None = None,
     direct: bool = True,
 ) -> list[torch.Tensor]:
@@ -227,7 +227,8 @@ def read_packed(
     into new host memory (`device` None or cpu), new device memory, or the tensors of `into`
     (one per entry, each of its entry's bytes) in place. `ring`: aligned (on CUDA, pinned) host
     memory of at least one chunk, for the two last; its length sets how many chunks are in
-    flight. `direct` (in place): the chunks that can be read straight into a host tensor are;
+    flight; in place it may be a function that makes it, called only where a chunk needs the
+    ring. `direct` (in place): the chunks that can be read straight into a host tensor are;
     False: every chunk through the ring. Raises UserError on a missing or short file, ChecksumError naming the tensor and
     file when `check` and a tensor's bytes do not match its checksum."""
     layout.check_files(targets, m)
@@ -238,7 +239,7 @@ def read_packed(
                 assert ring is not None, "a restore in place reads through a ring"
                 return _in_place(targets, m, p, files, pool, ring, into, check, direct)
             if device is not None and device.type != "cpu":
-                assert ring is not None, "a restore to a device reads through a ring"
+                assert isinstance(ring, np.ndarray), "a restore to a device reads through a ring"
                 return _to_device(targets, m, p, files, pool, ring, device, check)
             return _to_host(targets, m, p, files, pool, check)
     finally:
@@ -361,7 +362,7 @@ def _in_place(
     p: Packed,
     files: _Files,
     pool: ThreadPoolExecutor,
-    ring: np.ndarray,
+    ring: np.ndarray | Callable[[], np.ndarray],
     into: list[torch.Tensor],
     check: bool,
     direct: bool = True,
@@ -389,9 +390,14 @@ def _in_place(
             host[i] = f.numpy()
     devs = [f for i, f in enumerate(flat) if f is not None and i not in host]
     copies = device_copies(devs[0].device) if devs else None
-    ring_t = torch.from_numpy(ring)
     spans = p.spans(m.tensors)
     straight = direct_chunks(p, spans, host) if direct else {}
+    rest = [j for j in range(p.chunks) if j not in straight]
+    # the ring only where a chunk goes through it (a bounded staging grows to it: not for a
+    # restart read straight into the tensors)
+    if callable(ring):
+        ring = ring() if rest else np.empty(0, dtype=np.uint8)
+    ring_t = torch.from_numpy(ring)
     # a tensor read straight (in part) is hashed whole at the end, not streamed in order
     hashes = _Hashes(targets, m, check and m.checksums)
     whole = {spans[j][0][0] for j in straight}
@@ -417,9 +423,8 @@ def _in_place(
 
     reads = [pool.submit(files.read, j, dst) for j, dst in straight.items()]
     try:
-        _through_ring(
-            files, p, pool, ring, consume, [j for j in range(p.chunks) if j not in straight]
-        )
+        if rest:
+            _through_ring(files, p, pool, ring, consume, rest)
     finally:
         if copies is not None:
             copies.finish()
