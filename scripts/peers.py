@@ -3,13 +3,17 @@ itself, in one alternating run (`make peers`).
 
 Every method saves the same state (random bytes, 64 MiB tensors) into one target, one after the
 other, repetition by repetition: the page cache dropped before every save (when root), every save
-durable (fsync) and restored and compared byte for byte afterwards, untimed. Beside them fio
-writes the same number of bytes with O_DIRECT (libaio, queue depth 16, 8 MiB blocks, end_fsync)
-into a preallocated file: what the disk does; and the copy ceiling (the snapshot's own copy,
-best of 5) is measured in every repetition, so that each stall is judged against the memory
-bandwidth of its own moment. The table gives stall and time to durability
-(min-max over the repetitions) and the median bandwidth to durability; the raw rows go to
-results/peers-<stamp>/peers.csv with env.json.
+durable (fsync). Then each restores as its best user restarts (bench.run.restart, timed by
+bench.run.rows.restore_phase): into the state's own tensors, scrubbed first, its pages evicted;
+in place where its API can, else its loader and the copy into the state; checked against the
+source's fingerprints. Beside them fio writes the same number of bytes with O_DIRECT (libaio,
+queue depth 16, 8 MiB blocks, end_fsync) into a preallocated file and reads them back with
+O_DIRECT (without fio: the built-in read ceiling's O_DIRECT read of as many bytes): what the
+disk does; and the copy ceiling (the snapshot's own copy, best of 5) is
+measured in every repetition, so that each stall is judged against the memory bandwidth of its
+own moment. The tables give stall and time to durability (min-max over the repetitions) and the
+median bandwidth to durability, then each restart's time and median bandwidth; the raw rows go
+to results/peers-<stamp>/peers.csv with env.json.
 
     .venv/bin/python scripts/peers.py [--size 1GiB] [--reps 5] [--target DIR]
 """
@@ -31,12 +35,14 @@ from bench.common import cudasync, devices, sizes
 from bench.measure import ceiling, ceilings, clock, env, results, witness
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings, Measured, Method
-from bench.storage.verify import first_difference, first_tensor_difference
+from bench.run import rows as phases
+from bench.storage import verify
 from bench.workloads import synthetic_state
 
 COPY = "copy ceiling (warm buffer, best of 5)"
 FIO = "fio O_DIRECT libaio qd16 bs 8m end_fsync"
 OURS = "cpu-single (ckptbench defaults)"
+DISK_READ = "built-in O_DIRECT read, 16 in flight, 8 MiB blocks (no fio)"
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("cpu-single", OURS, {}),
     ("cpu-single", "cpu-single, overlap forced on", {"overlap": True}),
@@ -47,10 +53,11 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def fio_disk(target: str, nbytes: int) -> float:
+def fio_disk(target: str, nbytes: int) -> tuple[float, float]:
     """Seconds fio takes to write `nbytes` with O_DIRECT, libaio qd16, 8 MiB blocks, end_fsync,
     into a preallocated file, from buffers on huge pages as cpu-single's staging
-    (bench.measure.ceiling.fio_env)."""
+    (bench.measure.ceiling.fio_env); then to read them back the same way, the file's pages
+    dropped first (`invalidate=1`)."""
     path = os.path.join(target, ".ckptbench-peers-fio")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -58,31 +65,75 @@ def fio_disk(target: str, nbytes: int) -> float:
     finally:
         os.close(fd)
     try:
-        out = subprocess.run(
-            [
-                "fio",
-                "--output-format=json",
-                "--name=disk",
-                f"--filename={path}",
-                f"--size={nbytes}",
-                "--rw=write",
-                "--bs=8m",
-                "--direct=1",
-                "--ioengine=libaio",
-                "--iodepth=16",
-                "--end_fsync=1",
-                "--fallocate=none",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-            env=ceiling.fio_env()[0],
-        )
-        w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["write"]
-        return float(w["runtime"]) / 1e3
+        return _fio(path, nbytes, "write"), _fio(path, nbytes, "read")
     finally:
         os.unlink(path)
+
+
+def _fio(path: str, nbytes: int, rw: str) -> float:
+    out = subprocess.run(
+        [
+            "fio",
+            "--output-format=json",
+            "--name=disk",
+            f"--filename={path}",
+            f"--size={nbytes}",
+            f"--rw={rw}",
+            "--bs=8m",
+            "--direct=1",
+            "--ioengine=libaio",
+            "--iodepth=16",
+            *(["--end_fsync=1"] if rw == "write" else ["--invalidate=1"]),
+            "--fallocate=none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env=ceiling.fio_env()[0],
+    )
+    w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0][rw]
+    return float(w["runtime"]) / 1e3
+
+
+def builtin_read(target: str, nbytes: int) -> float:
+    """Seconds the built-in read ceiling (bench.measure.ceiling.builtin_read) takes to read
+    `nbytes` back with O_DIRECT, 16 reads of 8 MiB in flight, from a file it wrote first
+    (untimed): the disk's read where fio is not installed."""
+    block = 8 << 20
+    files = ceiling._read_files([target], max(block, nbytes // block * block), block)
+    try:
+        return nbytes / ceiling.builtin_read(files, nbytes, block, True, 1, 16)
+    finally:
+        ceiling._remove(files)
+
+
+def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep: int) -> Any:
+    """One restart of checkpoint `name` into `state` (bench.run.rows.restore_phase: scrubbed,
+    evicted, the load timed, the destination checked against `want`); its row."""
+    n, total = phases.tensor_stats(state)
+    row = results.Row(
+        run_id="peers",
+        case_id=name,
+        engine=eng.name,
+        device=dev.kind,
+        emulated=dev.emulated,
+        workload="peers",
+        total_bytes=total,
+        tensor_bytes=0,
+        n_tensors=n,
+        n_targets=1,
+        rep=rep,
+        warmup=False,
+        cache_dropped=True,
+        dtype="float32",
+        options=phases.options_json(eng),
+    )
+    try:
+        phases.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
+    except Exception as e:  # the row says it, the table counts it as unverified
+        row.error, row.verified = phases.error_text(e), False
+    return row
 
 
 def copy_ceilings(size: int, dev: devices.Device, threads: int) -> Ceilings:
@@ -94,14 +145,15 @@ def copy_ceilings(size: int, dev: devices.Device, threads: int) -> Ceilings:
 
 
 def _witnessed(
-    written: int | None = None, flushes: int | None = None, text: str = ""
+    written: int | None = None, flushes: int | None = None, text: str = "", read: str = ""
 ) -> dict[str, Any]:
-    """The block device's witness of a save, as peers.csv's columns (empty for the copy and
-    fio rows, which are no checkpoint)."""
+    """The block device's witness of a save and of its restart, as peers.csv's columns (empty
+    for the copy, fio and disk-read rows, which are no checkpoint)."""
     return {
         "device_written_bytes": "" if written is None else written,
         "device_flushes": "" if flushes is None else flushes,
         "durable_witness": text,
+        "restore_witness": read,
     }
 
 
@@ -132,6 +184,7 @@ def main() -> int:
     copies: list[Ceilings] = []
     run_id, run_dir = results.new_run_dir(a.output, "peers")
     rows: list[dict[str, Any]] = []
+    want = verify.fingerprint(state)  # what every restart must bring back
     for rep in range(a.reps):
         # The copy ceiling alternates with the saves too: this host's memory bandwidth moves
         # as much as its disk does, and a stall is judged against the ceiling of its own rep.
@@ -143,6 +196,8 @@ def main() -> int:
                 "engine": "copy",
                 "stall_s": size / copies[-1].host[ceilings.COPY].Bps,
                 "durable_s": "",
+                "restore_s": "",
+                "restore_cached_bytes": "",
                 "verified": True,
                 **_witnessed(),
             }
@@ -154,12 +209,12 @@ def main() -> int:
             timed = clock.clocked(eng).save(state, f"peers-{rep}")
             res = timed.wait()
             seen = timed.witnessed  # the device's counters around it (bench.measure.witness)
-            loaded = eng.load(f"peers-{rep}", device=str(dev.torch_device))
-            diff = (first_tensor_difference if eng.traits.loose_keys else first_difference)(
-                state, loaded
-            )
-            del loaded
+            back = restart(clock.clocked(eng), f"peers-{rep}", state, want, dev, rep)
             eng.delete(f"peers-{rep}")
+            if not back.verified:  # the state holds what the restart left: made again
+                state = synthetic_state(
+                    size, sizes.parse_size(a.tensor, "--tensor"), device=dev.torch_device
+                )
             rows.append(
                 {
                     "rep": rep,
@@ -167,19 +222,27 @@ def main() -> int:
                     "engine": name,
                     "stall_s": res.stall_s,
                     "durable_s": res.total_s,
-                    "verified": diff is None,
-                    **_witnessed(seen.bytes, seen.flushes, seen.text),
+                    "restore_s": back.restore_s if back.restore_s is not None else "",
+                    "restore_cached_bytes": back.restore_cached_bytes,
+                    "verified": bool(back.verified),
+                    **_witnessed(seen.bytes, seen.flushes, seen.text, back.restore_witness),
                 }
             )
             print(
-                f"rep {rep} {label}: stall {res.stall_s:.3f} s, durable {res.total_s:.3f} s"
-                + ("" if diff is None else f", DIFFERS at {diff}")
-                + ("" if seen.text == witness.YES else f", device witness {seen.text}"),
+                f"rep {rep} {label}: stall {res.stall_s:.3f} s, durable {res.total_s:.3f} s, "
+                f"restart {back.restore_s or float('nan'):.3f} s"
+                + ("" if back.verified else f", {back.error}")
+                + ("" if seen.text == witness.YES else f", device witness {seen.text}")
+                + (
+                    ""
+                    if back.restore_witness == witness.YES
+                    else f", restore witness {back.restore_witness}"
+                ),
                 file=sys.stderr,
             )
         if has_fio:
             measure.drop_page_cache()
-            t = fio_disk(a.target, size)
+            t, r = fio_disk(a.target, size)
             rows.append(
                 {
                     "rep": rep,
@@ -187,6 +250,22 @@ def main() -> int:
                     "engine": "fio",
                     "stall_s": "",
                     "durable_s": t,
+                    "restore_s": r,
+                    "restore_cached_bytes": 0,
+                    "verified": True,
+                    **_witnessed(),
+                }
+            )
+        else:
+            rows.append(
+                {
+                    "rep": rep,
+                    "method": DISK_READ,
+                    "engine": "disk",
+                    "stall_s": "",
+                    "durable_s": "",
+                    "restore_s": builtin_read(a.target, size),
+                    "restore_cached_bytes": 0,
                     "verified": True,
                     **_witnessed(),
                 }
@@ -218,7 +297,7 @@ def main() -> int:
     print("| method | stall s | durable s | median GB/s to durability |")
     print("|---|---|---|---|")
     med: dict[str, float] = {}
-    for label in dict.fromkeys(r["method"] for r in rows if r["method"] != COPY):
+    for label in dict.fromkeys(r["method"] for r in rows if r["durable_s"] != ""):
         rs = [r for r in rows if r["method"] == label]
         # a save the device denied durable has no time to durability (stall kept)
         d = [float(r["durable_s"]) for r in rs if not str(r["durable_witness"]).startswith("no")]
@@ -263,12 +342,34 @@ def main() -> int:
             f"{r['durable_witness']}",
             file=sys.stderr,
         )
+    restarts(rows, size)
     print(f"rows: {run_dir}/peers.csv")
     ours_denied = any(
         r["engine"] in engines.REGISTRY and not engines.REGISTRY[r["engine"]].traits.baseline
         for r in denied
     )
     return 0 if all(r["verified"] for r in rows) and not ours_denied else 1
+
+
+def restarts(rows: list[dict[str, Any]], size: int) -> None:
+    """The restore side: each method's restart (fio: its O_DIRECT read of the same bytes),
+    min-max and median GB/s, the page cache it left, and the median against the disk's read
+    (fio's, else the built-in one)."""
+    print(
+        "\n| restart into the existing state | restore s | median GB/s | x the disk's read "
+        "| cached bytes |"
+    )
+    print("|---|---|---|---|---|")
+    med: dict[str, float] = {}
+    for label in dict.fromkeys(r["method"] for r in rows if r["restore_s"] != ""):
+        d = [float(r["restore_s"]) for r in rows if r["method"] == label and r["restore_s"] != ""]
+        med[label] = statistics.median(d)
+    fio = med.get(FIO) or med.get(DISK_READ)
+    for label, m in med.items():
+        d = [float(r["restore_s"]) for r in rows if r["method"] == label and r["restore_s"] != ""]
+        cached = max(int(r["restore_cached_bytes"] or 0) for r in rows if r["method"] == label)
+        vs = f"{fio / m:.2f}" if fio else ""
+        print(f"| {label} | {min(d):.2f}-{max(d):.2f} | {size / m / 1e9:.2f} | {vs} | {cached} |")
 
 
 if __name__ == "__main__":

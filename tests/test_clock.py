@@ -255,7 +255,8 @@ def test_no_engine_sets_a_stall_or_a_total(path: Path) -> None:
 
 def test_make_peers_goes_through_the_clock(scratch: Path) -> None:
     """`make peers` (scripts/peers.py), on a tiny state: every method's row holds a stall and a
-    time to durability read by the clock, the restore verified, and env.json says whose clock."""
+    time to durability read by the clock, its restart timed and verified, and env.json says
+    whose clock."""
     import json
     import subprocess
     import sys
@@ -272,11 +273,16 @@ def test_make_peers_goes_through_the_clock(scratch: Path) -> None:
     assert out.returncode == 0, out.stderr
     (run,) = (scratch / "out").iterdir()
     with open(run / "peers.csv", newline="") as f:
-        got = [r for r in csv.DictReader(f) if r["engine"] not in ("copy", "fio")]
+        got = [r for r in csv.DictReader(f) if r["engine"] not in ("copy", "fio", "disk")]
     assert {r["engine"] for r in got} >= {"cpu-single", "torch-save"}
     for r in got:
         assert r["verified"] == "True", r
         assert 0 < float(r["stall_s"]) <= float(r["durable_s"]), r
         if r["engine"] in ("torch-save", "safetensors"):  # synchronous: durable on return
             assert float(r["stall_s"]) == float(r["durable_s"]), r
+        # the restart side: into the scrubbed state, timed by the harness, verified
+        assert float(r["restore_s"]) > 0, r
+        if r["engine"] == "cpu-single":  # O_DIRECT: nothing left in the page cache
+            assert r["restore_cached_bytes"] == "0", r
+    assert "| restart into the existing state |" in out.stdout
     assert json.loads((run / "env.json").read_text())["stall_clock"] == "harness"

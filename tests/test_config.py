@@ -118,6 +118,10 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"warmups": -1}, "warmups: Input should be greater than or equal to 0, got -1"),
         ({"verify": "yes"}, "verify: Input should be a valid boolean, got 'yes'"),
         ({"device": "gpu"}, "device: Input should be 'auto', 'cuda' or 'host-emulated', got 'gpu'"),
+        (
+            {"restore": "sideways"},
+            "restore: Input should be 'restart', 'fresh' or 'auto', got 'sideways'",
+        ),
         ({"on_error": "ignore"}, "on_error: Input should be 'continue' or 'stop', got 'ignore'"),
         ({"engines": "cpu-single"}, "engines: Input should be a valid list, got 'cpu-single'"),
         ({"total_sizes": [0]}, "total_sizes.0: size must be positive, got 0"),
@@ -153,7 +157,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
             {"engine_options": {"cpu-single": {"chunkbytes": "1MiB"}}},
             "engine_options.cpu-single.chunkbytes: unknown key (known: chunk_bytes, "
             "threads_per_target, checksums, device, fallocate, max_write_bw, staging_chunks, "
-            "copy_threads, overlap, overlap_writes, read_threads_per_target)",
+            "copy_threads, overlap, overlap_writes, read_threads_per_target, restore_direct)",
         ),
         (
             # gds has no snapshot: the snapshot's knobs are refused, not silently ignored
@@ -344,3 +348,10 @@ def test_model_workloads_name_their_shard(scratch: Path) -> None:
     size = wls[2].size(cfg, False, 1)
     # layer 1's experts 16-31: 48 matrices of 1024 x 2048, fp32, with AdamW (4 tensors each)
     assert (size.nbytes, size.tensors) == (48 * 3 * 4 * 1024 * 2048 + 48 * 4, 192)
+
+
+def test_restore_defaults_to_a_restart_and_reads_in_place_as_one() -> None:
+    base = {"engines": ["cpu-single"], "total_sizes": ["1MiB"], "tensor_sizes": ["1MiB"]}
+    assert config.from_dict(base).restore == "restart"
+    assert config.from_dict({**base, "restore": "in-place"}).restore == "restart"
+    assert config.from_dict({**base, "restore": "fresh"}).restore == "fresh"

@@ -37,7 +37,7 @@ def plan(engine: str, cuda: bool, **options: Any):
 # docstring) and measured at 1 GiB here (host-emulated: cpu-single and cpu-double stage the state,
 # dcp keeps a cached copy; safetensors' restore, load_file with pread, reads into the tensors: 1x).
 HOST = {
-    # engine: (staging, save, fresh restore, in-place restore)
+    # engine: (staging, save, fresh restore, restart)
     # its coalescing buffer: small tensors may be there; its restore reads with O_DIRECT
     # through a bounce buffer of a chunk per reading thread (2 a target, 2 targets, 16 MiB)
     "gds": (64 * MiB, 0, S + 64 * MiB, 64 * MiB),
@@ -48,7 +48,7 @@ HOST = {
     "torch-save": (0, 0, S, 0),
     "safetensors": (0, 0, S, T),
     "dcp": (S, 0, S, T),
-    "fastpersist": (64 * MiB, 0, S, None),
+    "fastpersist": (64 * MiB, 0, S, S),  # a restart: torch.load whole, then the copy
     "dlio-style": (0, 0, S, 0),
 }
 
@@ -116,7 +116,7 @@ def test_judge_takes_fresh_where_it_fits_then_in_place_then_refuses():
     # in place through a ring of a chunk per read in flight and one (8 + 1 x 16 MiB): 80 MiB
     # beyond the 4-chunk staging it grows from
     ring = (8 + 1) * 16 * MiB - 64 * MiB
-    assert v.restore == "in-place" and v.parts["save or restore"] == ring
+    assert v.restore == "restart" and v.parts["save or restore"] == ring
     assert v.host_need == int((8 * GiB + 64 * MiB + ring) * 1.05)
     (v,) = preflight.judge("c", ["cpu-single"], size, opts, 8 * GiB, None)
     assert v.restore is None
@@ -136,7 +136,7 @@ def test_judge_holds_the_staging_of_the_engines_before():
     engine that would overflow is refused, naming the staging held beside it."""
     size = StateSize(4 * GiB, 64 * MiB, 64, False, 1)
     got = preflight.judge("c", ["cpu-single", "cpu-double", "gds"], size, {}, 11 * GiB, None)
-    assert [v.restore for v in got] == ["in-place", None, "in-place"]
+    assert [v.restore for v in got] == ["restart", None, "restart"]
     assert "fewer engines at once (the staging of cpu-single is held too)" in got[1].why
     assert got[2].parts["cpu-single staging"] == 4 * GiB + 64 * 4096
 
@@ -151,7 +151,7 @@ def test_an_engine_judged_before_sees_the_staging_of_those_after_it():
     alone = preflight.judge("c", ["safetensors"], size, {}, 12 * GiB, None)
     assert alone[0].restore == "fresh"
     both = preflight.judge("c", ["safetensors", "dcp"], size, {}, 12 * GiB, None)
-    assert [v.restore for v in both] == ["in-place", "in-place"]
+    assert [v.restore for v in both] == ["restart", "restart"]
     assert both[0].parts == {
         "state": 4 * GiB,
         "safetensors staging": 0,
@@ -167,7 +167,7 @@ def test_judge_on_cuda_holds_device_memory_against_the_gpus_free_memory():
     assert v.restore == "fresh" and v.parts["state"] == 0
     # 80 GiB free: a fresh restore does not fit on the device; in place it does
     (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 80 * GiB)
-    assert v.restore == "in-place"
+    assert v.restore == "restart"
     (v,) = preflight.judge("c", ["gds"], size, {}, 100 * GiB, 80 * GiB, restore="fresh")
     assert v.restore is None
     assert v.why.startswith(
@@ -260,7 +260,7 @@ def test_a_sweep_runs_the_cases_that_fit_and_says_which_it_skipped(scratch, caps
     env = json.loads((run_dir / "env.json").read_text())
     (skipped,) = [n for n in env["notes"] if n.startswith("case skipped")]
     assert "synthetic-512MiB-16MiB x1 cpu-single: host memory: needs" in skipped
-    assert env["preflight"]["cases"]["synthetic-64MiB-16MiB x1 cpu-single"]["restore"] == "fresh"
+    assert env["preflight"]["cases"]["synthetic-64MiB-16MiB x1 cpu-single"]["restore"] == "restart"
     # on_error: stop refuses the whole run instead
     cfg = _config(scratch, total_sizes=["64MiB", "512MiB"], on_error="stop")
     assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out2")]) == 2
@@ -315,12 +315,12 @@ def verify_tensors(state: Any) -> list:
 def test_a_sweep_restoring_in_place_verifies_every_row(scratch, engine):
     from bench import cli
 
-    cfg = _config(scratch, engines=[engine], restore="in-place")
+    cfg = _config(scratch, engines=[engine], restore="restart")
     assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 0
     (run_dir,) = (scratch / "out").iterdir()
     rows = results.read_rows(str(run_dir))
     assert len(rows) == 1 and rows["verified"].all(), rows[["workload", "error"]]
-    assert set(rows["restore_into"]) == {"in-place"}
+    assert set(rows["restore_into"]) == {"restart"}
 
 
 def test_a_wrong_in_place_restore_is_caught_and_the_state_built_again(scratch, monkeypatch):
@@ -341,7 +341,7 @@ def test_a_wrong_in_place_restore_is_caught_and_the_state_built_again(scratch, m
         return out
 
     monkeypatch.setattr(torch_save, "load_into", damaging)
-    cfg = _config(scratch, engines=["torch-save"], restore="in-place", repetitions=2)
+    cfg = _config(scratch, engines=["torch-save"], restore="restart", repetitions=2)
     assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 1
     (run_dir,) = (scratch / "out").iterdir()
     rows = results.read_rows(str(run_dir))
@@ -362,7 +362,9 @@ def test_run_preflight_says_every_verdict_and_runs_nothing(scratch, capsys, monk
     from bench import cli
 
     monkeypatch.setattr(preflight, "host_available", lambda: 320 * MiB + preflight.HEADROOM)
-    cfg = _config(scratch, total_sizes=["64MiB", "512MiB"], engines=["cpu-single", "gds"])
+    cfg = _config(
+        scratch, total_sizes=["64MiB", "512MiB"], engines=["cpu-single", "gds"], restore="auto"
+    )
     assert cli.main(["run", str(cfg), "--preflight", "-o", str(scratch / "out")]) == 0
     out = capsys.readouterr().out
     table = {

@@ -330,8 +330,10 @@ def corrupt_restores(monkeypatch: pytest.MonkeyPatch, engine: str, key: str) -> 
     cls = REGISTRY[engine]
     real = cls.load
 
-    def load(self: Any, name: str, device: str = "cpu", checksums: bool = True) -> Any:
-        state = real(self, name, device, checksums)
+    def load(
+        self: Any, name: str, device: str = "cpu", checksums: bool = True, into: Any = None
+    ) -> Any:
+        state = real(self, name, device, checksums, into)
         state[key].view(-1).view(torch.uint8)[5] ^= 1
         return state
 
@@ -373,7 +375,9 @@ def test_engine_error_is_recorded_and_the_sweep_goes_on(
 ) -> None:
     calls = []
 
-    def broken_load(self: Any, name: str, device: str = "cpu", checksums: bool = True) -> Any:
+    def broken_load(
+        self: Any, name: str, device: str = "cpu", checksums: bool = True, into: Any = None
+    ) -> Any:
         calls.append(name)
         if len(calls) == 1:
             raise OSError(errno.EIO, "injected read error", name)

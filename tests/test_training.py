@@ -101,7 +101,7 @@ def test_shipped_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
             {"engine_options": {"cpu-single": {"chunk": 1}}},
             "config: engine_options.cpu-single.chunk: unknown key (known: chunk_bytes, "
             "threads_per_target, checksums, device, fallocate, max_write_bw, staging_chunks, "
-            "copy_threads, overlap, overlap_writes, read_threads_per_target)",
+            "copy_threads, overlap, overlap_writes, read_threads_per_target, restore_direct)",
         ),
         (
             {"engine_options": {"none": {}}},
@@ -500,3 +500,29 @@ def test_cli_train(scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert err.startswith(f"ckptbench: error: config {path}: stepz: unknown key (known: name, ")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("engine", ["cpu-single", "torch-save", "dcp"])
+def test_a_restart_loads_into_the_fresh_trainers_own_tensors(make_engine, targets, engine) -> None:
+    """`restore: restart`: AdamW's state made in a fresh trainer (untimed), the checkpoint
+    loaded into its model's and optimizer's own tensors (no load_state_dict), and the run goes
+    on bit for bit. Planted: a load that reads nothing leaves the fresh trainer's values, and
+    the first step differs."""
+    from bench.run.training.model import Trainer
+
+    tr, _ = _trainer(3)
+    eng = make_engine(engine, targets(1))
+    eng.save(tr.state(), "ckpt").wait()
+    data = tr.gen.get_state()
+    after = [tr.step() for _ in range(2)]
+    for no_op in (False, True):
+        fresh = Trainer(tr.cfg, torch.device("cpu"))
+        fresh.gen.set_state(data)
+        fresh.init_optimizer_state()
+        into = fresh.state()
+        ptrs = [p.data_ptr() for p in fresh.model.parameters()]
+        if not no_op:
+            eng.load("ckpt", checksums=False, into=into)
+        assert [p.data_ptr() for p in fresh.model.parameters()] == ptrs
+        got = [fresh.step(), fresh.step()]
+        assert (got == after) is not no_op, (engine, no_op)

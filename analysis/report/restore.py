@@ -60,6 +60,23 @@ def restore_rows(run: Run, table: pd.DataFrame) -> tuple[list[str], list[list[st
     return headers, rows
 
 
+def _destination(run: Run) -> str:
+    """What the run's restores loaded into (the rows' `restore_into`), in a sentence."""
+    into = set(run.ok["restore_into"].dropna()) if "restore_into" in run.ok else set()
+    out = ""
+    if into & {"restart", "in-place"}:
+        out += (
+            " A restart (restore_into=restart) loads into the state's own tensors, scrubbed "
+            "first, as a relaunched job loads into the model it built (docs/restore.md)."
+        )
+    if "fresh" in into:
+        out += (
+            " A fresh restore (restore_into=fresh) loads into memory it allocates: the "
+            "first-touch case, whose rate on a VM is often the memory's, not the disk's."
+        )
+    return out
+
+
 def restore_section(d: Doc, run: Run, table: pd.DataFrame) -> None:
     """Restore bandwidth per case, its ceiling, its efficiency, x best baseline and the page
     cache left behind, with Figure 12."""
@@ -81,6 +98,7 @@ def restore_section(d: Doc, run: Run, table: pd.DataFrame) -> None:
         "faster). 'page cache left xS' = the checkpoint's bytes still in the page cache right "
         "after the restore, in multiples of S: memory the restore took from training that the "
         "kernel must reclaim (0 for an O_DIRECT read)."
+        + _destination(run)
         + ("" if has_ceiling else " This run measured no read ceilings: no ceiling or efficiency.")
         + (" The run predates the page-cache column: n/a." if old else "")
     )

@@ -58,6 +58,12 @@ class Traits:
     # (DeepNVMe's ds_io bounce buffer, one process), so the two add up.
     write_overlaps_copy: bool = False
     read_overlaps_copy: bool = True
+    # How it restores into a model that already exists (a restart, bench.run.restart): True,
+    # its API reads the checkpoint into the destination's own tensors (DCP's load into the
+    # state dict, the striped engines' reads); False, its loader builds the state anew and the
+    # copy into the destination follows, inside the timed restore, which is what
+    # `model.load_state_dict(torch.load(f))` costs.
+    restore_in_place: bool = False
 
     def dram_per_byte(self, emulated: bool = False) -> tuple[float, float]:
         """(stall, persist) bytes of host DRAM traffic per checkpoint byte, derived from the
@@ -105,6 +111,7 @@ BUILTIN: dict[str, Traits] = {
         True,
         0,
         False,
+        restore_in_place=True,
         summary="kvikio CuFile.pwrite straight from device memory (GPUDirect Storage)",
     ),
     "cpu-single": Traits(
@@ -115,6 +122,7 @@ BUILTIN: dict[str, Traits] = {
         True,
         1,
         False,
+        restore_in_place=True,
         summary="device -> aligned pinned staging; background O_DIRECT + fsync",
     ),
     "cpu-double": Traits(
@@ -125,6 +133,7 @@ BUILTIN: dict[str, Traits] = {
         True,
         2,
         False,
+        restore_in_place=True,
         summary="device -> pinned staging; background buffered write + fsync",
     ),
     "torch-save": Traits(
@@ -149,6 +158,7 @@ BUILTIN: dict[str, Traits] = {
         True,
         loose_keys=True,
         serializes=True,
+        restore_in_place=True,
         summary="torch.distributed.checkpoint.async_save, FileSystemWriter(sync_files=True)",
     ),
 }

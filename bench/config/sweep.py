@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
@@ -20,6 +20,11 @@ from bench.workloads.presets import PRESETS, cut_error
 
 Mapping = Literal["shared", "dedicated", "per_target"]
 JobsDepth = Annotated[list[PosInt], Field(min_length=2, max_length=2)]  # [writers, queue depth]
+# `in-place`, the restart's destination before restarts were the default, reads as `restart`.
+Restore = Annotated[
+    Literal["restart", "fresh", "auto"],
+    BeforeValidator(lambda v: "restart" if v == "in-place" else v),
+]
 
 
 class ModelSpec(Strict):
@@ -124,11 +129,12 @@ class Config(Strict):
     seed: int = 0
     verify: bool = True
     on_error: Literal["continue", "stop"] = "continue"
-    # How each case's restore is held: `fresh` into new memory (then compared byte for byte
-    # with the source), `in-place` into the state's own tensors (checked against fingerprints
-    # of the source taken before the save), `auto` fresh where a second copy fits, else in
-    # place (bench.run.preflight).
-    restore: Literal["auto", "fresh", "in-place"] = "auto"
+    # How each case's restore is held (bench.run.restart): `restart` into the state's own
+    # tensors, scrubbed first, as a relaunched job restores into the model it has built
+    # (checked against fingerprints of the source taken before the save; `in-place` is read as
+    # this); `fresh` into new memory, a process with no model yet (compared byte for byte with
+    # the source); `auto` fresh where a second copy fits, else the restart (bench.run.preflight).
+    restore: Restore = "restart"
     engine_options: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()
     ranks: RanksSpec | None = None

@@ -53,6 +53,10 @@ class TrainingConfig(Strict):
     targets: list[str] = []
     scratch: str = "scratch/training"
     verify: bool = True  # restore the last checkpoint and compare it with the state it saved
+    # The timed restart's load (bench.run.restart): `restart` into the fresh model and
+    # optimizer (built, AdamW's state made, untimed); `fresh` into new memory, then
+    # load_state_dict.
+    restore: Literal["restart", "fresh"] = "restart"
     keep_last: bool = False  # leave each engine's last checkpoint on the targets
     engine_options: dict[str, dict[str, Any]] = {}
 

@@ -21,5 +21,6 @@ class CpuDouble(SnapshotEngine):
         stripes=True,
         host_copies=2,
         baseline=False,
+        restore_in_place=True,
         summary="device -> pinned staging; background buffered write + fsync",
     )

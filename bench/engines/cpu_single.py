@@ -23,5 +23,6 @@ class CpuSingle(SnapshotEngine):
         stripes=True,
         host_copies=1,
         baseline=False,
+        restore_in_place=True,
         summary="device -> aligned pinned staging; background O_DIRECT + fsync",
     )

@@ -42,6 +42,7 @@ class Dcp(BaselineEngine):
         baseline=True,
         loose_keys=True,
         serializes=True,
+        restore_in_place=True,
         summary="torch.distributed.checkpoint.async_save, FileSystemWriter(sync_files=True)",
     )
 

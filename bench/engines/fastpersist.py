@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.engines.base import MemoryPlan, PendingSave, StateSize
-from bench.engines.baseline import BaselineEngine
+from bench.engines.baseline import BaselineEngine, load_into
 from bench.measure.detail import FastPersistDetail
+from bench.storage.tree import flatten
 
 FILE = "state.pt"
 HOW_TO = (
@@ -110,8 +110,8 @@ class FastPersist(BaselineEngine):
     @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
         """DeepSpeed's page-locked double buffer (`buffer_bytes`); O_DIRECT writes, no page cache;
-        torch.load builds the state anew (not restored in place: not measured without
-        DeepSpeed)."""
+        torch.load builds the state anew; a restart holds that whole copy (in host memory) while
+        it is copied into the state's tensors."""
         base = super().memory_plan(size, options)
         return MemoryPlan(
             staging=options.buffer_bytes,
@@ -119,7 +119,7 @@ class FastPersist(BaselineEngine):
             save=base.save,
             restore_host=base.restore_host,
             restore_device=base.restore_device,
-            in_place_why="its restore in place was never measured (no DeepSpeed on the machines)",
+            in_place_host=size.nbytes,
         )
 
     def warm(self, state: Any) -> None:
@@ -161,12 +161,12 @@ class FastPersist(BaselineEngine):
     def load(self, name: str, device: str = "cpu", checksums: bool = True, into: Any = None) -> Any:
         import torch
 
-        if into is not None:
-            raise UserError("fastpersist: no restore in place (see memory_plan)")
-
-        return torch.load(
-            os.path.join(self.current_dir(name), FILE), map_location=device, weights_only=True
-        )
+        path = os.path.join(self.current_dir(name), FILE)
+        if into is not None:  # a restart: its loader, then the copy into the state's tensors
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            tensors = [t for _, t in flatten(loaded)[1]]
+            return load_into(into, tensors, len(tensors))
+        return torch.load(path, map_location=device, weights_only=True)
 
     def close(self) -> None:
         if self._buffer is not None and self._handle is not None:

@@ -69,6 +69,11 @@ class SnapshotOptions(StripedOptions):
     # reads through the page cache and ignores it. (gds reads with its writers' threads, as
     # kvikio's thread pool does.)
     read_threads_per_target: PosInt = 8
+    # A restart (a restore into existing host tensors, cpu-single): O_DIRECT reads straight into
+    # the tensors' memory where a chunk's bytes are one tensor's and aligned there
+    # (bench.storage.readback.direct_chunks), the rest through the ring; false: every chunk
+    # through the ring and a memcpy (two copies), for a side-by-side measurement.
+    restore_direct: bool = True
 
 
 class DoubleOptions(SnapshotOptions):

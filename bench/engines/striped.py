@@ -264,8 +264,9 @@ class StripedEngine:
                 packed,
                 threads=self._read_threads(),
                 check=checksums,
-                ring=self._read_ring(packed),
+                ring=partial(self._read_ring, packed),
                 into=dst,
+                direct=bool(getattr(self.options, "restore_direct", False)),
             )
             return into
         direct = [i for i, t in enumerate(dst) if t.device.type == "cpu" and t.is_contiguous()]
@@ -575,6 +576,15 @@ class SnapshotEngine(StripedEngine):
             restore_device=stream if size.cuda else 0,
             in_place_host=ring,
         )
+
+    def forget(self) -> None:
+        """Complement the staging, untimed, before a restart's load: it holds the snapshot of
+        the last save (the checkpoint's bytes), which a restarted process would not hold, and
+        a restore through it as a ring that skipped a read would copy them out unnoticed."""
+        self.wait_idle()
+        a = self.staging.array
+        if a.size:
+            np.bitwise_not(a, out=a)
 
     def _read_threads(self) -> int:
         """O_DIRECT reads in flight on a restore (`read_threads_per_target` per target)."""

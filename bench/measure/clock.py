@@ -172,6 +172,13 @@ class Clocked:
     def release(self) -> None:
         self.engine.release()
 
+    def forget(self) -> None:
+        """The engine's `forget()` where it has one (bench.run.restart): what it holds of its
+        last checkpoint overwritten, as a restarted process holds none of it."""
+        forget = getattr(self.engine, "forget", None)
+        if forget is not None:
+            forget()
+
     def close(self) -> None:
         self.engine.close()
 

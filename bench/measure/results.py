@@ -238,8 +238,9 @@ class Row:
         ranks="sum",
     )
     restore_into: str | None = column(
-        "`fresh` (new memory, compared byte for byte with the source) or `in-place` (into the "
-        "state's own tensors, checked against fingerprints of the source taken before the save).",
+        "`restart` (into the state's own tensors, scrubbed before the load, checked against "
+        "fingerprints of the source taken before the save; `in-place` in older runs) or `fresh` "
+        "(new memory, the first-touch case, compared byte for byte with the source).",
         None,
     )
     host_cpu_s: float | None = column(
@@ -448,10 +449,14 @@ class CheckpointRow:
         None,
     )
     restart_load_s: float | None = column(
-        "Part of restart_s: the engine's load, until the device was synchronised.", None
+        "Part of restart_s: the engine's load, until the device was synchronised; with "
+        "`restore: restart` (the default) into the fresh model and optimizer's own tensors, "
+        "its copy into them included.",
+        None,
     )
     restart_first_step_s: float | None = column(
-        "Part of restart_s: the first training step after the load (the rest is load_state_dict).",
+        "Part of restart_s: the first training step after the load (the rest is load_state_dict, "
+        "with `restore: fresh`).",
         None,
     )
     restart_loss_match: bool | None = column(

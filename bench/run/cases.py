@@ -56,7 +56,7 @@ class CaseRunner:
         self.probes = probes
         self.faults = dist.faults() if ranked else {}
         self.saves = 0  # saves this rank took part in (fault injection counts them)
-        self._fingerprint: list[tuple[str, str]] | None = None  # the state's, for in-place
+        self._fingerprint: list[tuple[str, str]] | None = None  # the state's, for a restart
 
     def run_group(self, g: Group) -> None:
         cfg, w, the_plan = self.cfg, self.world, self.plan
@@ -117,7 +117,7 @@ class CaseRunner:
                         self.probe(g, wl)
                         probed = True
                     if not self.case(g, wl, e, admitted.get(e), state, i):
-                        # a restore in place that did not verify left wrong bytes in the state
+                        # a restart that failed or did not verify left wrong (scrubbed) bytes in the state
                         del state
                         state = w.agree(
                             f"the state of {wl.id}", partial(self.build, wl, g, admitted)
@@ -169,8 +169,8 @@ class CaseRunner:
         else:
             state = wl.build(self.cfg, self.device.torch_device)
         self._fingerprint = None
-        if self.cfg.verify and any(self.plan.restore(wl, g, e) == "in-place" for e in engines):
-            # what a restore in place is checked against: taken now, before any save
+        if self.cfg.verify and any(self.plan.restore(wl, g, e) == "restart" for e in engines):
+            # what a restart is checked against: taken now, before any save
             self._fingerprint = verify.fingerprint(state)
         for eng in engines.values():
             eng.warm(state)
@@ -180,7 +180,7 @@ class CaseRunner:
         self, g: Group, wl: Workload, engine: str, eng: Clocked | None, state: Any, i: int
     ) -> bool:
         """One repetition on every rank: aligned save, aligned restore, rows to rank 0. False
-        when a restore in place failed or did not verify: the state may hold its wrong bytes."""
+        when a restart failed or did not verify: the state may hold its wrong or scrubbed bytes."""
         cfg, w, core = self.cfg, self.world, self.core
         key = plan.case_key(wl, g, engine, i, cfg.warmups)
         case_id, warm, rep = key
@@ -224,7 +224,7 @@ class CaseRunner:
             )
         return not (
             row is not None
-            and row.restore_into == "in-place"
+            and row.restore_into == "restart"
             and bool(row.error or (cfg.verify and not row.verified))
         )
 
@@ -361,7 +361,7 @@ class CaseRunner:
             if self.ranked
             else None
         )
-        in_place = self.plan.verdicts[(row.workload, g.key, engine)].restore == "in-place"
+        in_place = self.plan.verdicts[(row.workload, g.key, engine)].restore == "restart"
         try:
             rows.restore_phase(
                 row,

@@ -36,7 +36,7 @@ def host_check(cfg: config_mod.Config, host_avail: int | None = None) -> None:
             need = min(  # what the least demanding engine would need alone, unbounded
                 v.host_need
                 for e in cfg.engines
-                for how in ("fresh", "in-place")
+                for how in ("fresh", "restart")
                 for v in preflight.judge(wl.id, [e], size, options, 1 << 62, None, None, how)
                 if v.restore is not None
             )

@@ -189,7 +189,7 @@ class RunPlan:
         return paths, idx
 
     def restore(self, wl: Workload, g: Group, engine: str) -> str | None:
-        """How the case restores (fresh, in-place), or None where the preflight refused it."""
+        """How the case restores (restart, fresh), or None where the preflight refused it."""
         return self.verdicts[(wl.id, g.key, engine)].restore
 
     def chunk_bytes(self) -> int:

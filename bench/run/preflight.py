@@ -8,7 +8,8 @@ is held at once: the peak of a case is
   the state (host memory when emulated, device memory on CUDA)
   + the staging every engine of the group holds (its `MemoryPlan`: pinned or not, the whole
     state or `staging_chunks` chunks, DCP's cached copy, DeepSpeed's buffer)
-  + the larger of what its save and its restore add (a restore into new memory, or in place)
+  + the larger of what its save and its restore add (a restart into the state's own
+    tensors, or a fresh restore into new memory)
   + the copy probe's buffers, kept through the sweep, and fio's write buffers.
 
 The page cache that buffered writes fill is said but not counted: the kernel reclaims it. Host
@@ -17,8 +18,10 @@ against the GPU's free memory. RLIMIT_MEMLOCK is recorded: no engine here locks 
 mlock (CUDA's cudaHostRegister pins through the driver), so it refuses nothing. Disk space is
 checked by `bench.run.plan.check_space`.
 
-A case that does not fit with its restore into new memory restores in place (`restore: auto`)
-where its engine can and that fits; else it is refused, in one line naming the resource, what it
+A case restores as a restart (`restore: restart`, the default: into the state's own tensors,
+scrubbed, no second copy; an engine that loads then copies holds its loader's memory beside them)
+or fresh (into new memory); `restore: auto` takes fresh where it fits, else the restart. A case
+that fits neither way it may take is refused, in one line naming the resource, what it
 needs and what is there, and the way out.
 """
 
@@ -44,10 +47,10 @@ MARGIN = 0.05
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one case of the sweep will do: run (restoring fresh or in place) or be refused."""
+    """What one case of the sweep will do: run (restoring as a restart or fresh) or be refused."""
 
     engine: str
-    restore: str | None  # "fresh" or "in-place"; None: refused
+    restore: str | None  # "restart" or "fresh"; None: refused
     why: str = ""  # the refusal, one line
     host_need: int = 0  # its peak host memory, in bytes
     parts: dict[str, int] = field(default_factory=dict)  # what the peak is made of
@@ -138,7 +141,7 @@ def ways_out(
     if bounded == 0 and plan.staging > size.nbytes // 2:
         out.append(f"bound the staging (engine_options.{engine}.staging_chunks: 4)")
     if plan.in_place_host is None:
-        out.append(f"an engine that restores in place ({engine}: {plan.in_place_why})")
+        out.append(f"an engine that restarts in place ({engine}: {plan.in_place_why})")
     if sum(held.values()) >= over:  # leaving the others out would make room
         names = [k.split()[0] for k, v in held.items() if v]
         out.append(f"fewer engines at once (the staging of {', '.join(names)} is held too)")
@@ -162,14 +165,14 @@ def _choose(
     gpu_free: int | None,
 ) -> tuple[str | None, dict[str, int], dict[str, int] | None, str]:
     """(the restore that fits in host and device memory, or None; its parts; the host parts a
-    refusal names, or None where in place is asked for and impossible; the device shortfall a
+    refusal names, or None where a restart is asked for and impossible; the device shortfall a
     refusal names, or "")."""
     fresh = {**base, **staging, "save or restore": max(plan.save, plan.restore_host)}
     place = None
     if plan.in_place_host is not None:
         place = {**base, **staging, "save or restore": max(plan.save, plan.in_place_host)}
-    choices = {"fresh": fresh, "in-place": place}
-    order = ["fresh", "in-place"] if restore == "auto" else [restore]
+    choices = {"fresh": fresh, "restart": place}
+    order = ["fresh", "restart"] if restore == "auto" else [restore]
     device = ""
     for r in order:
         parts = choices[r]
@@ -197,7 +200,7 @@ def _least(
     options = []
     if restore in ("auto", "fresh"):
         options.append({**base, **staging, "save or restore": max(plan.save, plan.restore_host)})
-    if restore in ("auto", "in-place") and plan.in_place_host is not None:
+    if restore in ("auto", "restart") and plan.in_place_host is not None:
         options.append({**base, **staging, "save or restore": max(plan.save, plan.in_place_host)})
     return min(options, key=_sum) if options else {**base, **staging}
 
@@ -216,9 +219,9 @@ def judge(
     admitted is warmed on the state at once, so their staging is held together all through the
     workload, while their saves and restores run one at a time: an engine is admitted if, with
     its staging added to that of the engines admitted before it, each of them still fits with
-    its own save or restore (and `extra`, the probes' buffers). `restore` is auto (fresh where
-    that fits, else in place), fresh or in-place; under auto an engine admitted earlier may
-    turn to in place to make room."""
+    its own save or restore (and `extra`, the probes' buffers). `restore` is restart, fresh or
+    auto (fresh where that fits, else the restart); under auto an engine admitted earlier may
+    turn to the restart to make room."""
     base = {"state": 0 if size.cuda else size.nbytes, **(extra or {})}
     plans = {e: plan_of(e, size, options.get(e, {})) for e in engines}
     admitted: dict[str, tuple[str, dict[str, int]]] = {}
@@ -237,7 +240,7 @@ def judge(
                     why = f"{case} {e}: {device}"
                 elif want is None:
                     why = (
-                        f"{case} {e}: restore: in-place is not possible "
+                        f"{case} {e}: restore: restart is not possible "
                         f"({plans[e].in_place_why}); way out: restore: auto or fresh"
                     )
                 else:

@@ -20,7 +20,7 @@ from bench.measure import efficiency as judge
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings
 from bench.measure.efficiency import beaten
-from bench.storage import verify
+from bench.run import restart
 
 
 def efficiency(row: results.Row | Mapping[str, Any], ceilings: Ceilings | None) -> tuple[Any, Any]:
@@ -123,22 +123,27 @@ def restore_phase(
     load: Any = None,
     fingerprint: list[tuple[str, str]] | None = None,
 ) -> None:
-    """Evict the checkpoint's pages (and check with mincore that they are gone: restore_s must
-    be a read from the device), restore it, timed, without the engine's own checksums, so that
-    restore_s means the same for every engine; then, untimed, check those checksums and, if
-    `check`, compare with the source: byte for byte, or, for a restore in place (`fingerprint`
-    of the source taken before the save given: the restore overwrites the state's own tensors,
-    and no second copy of it is held), the restored tensors' fingerprints with the source's.
-    Fills restore_s, restore_resident_bytes, restore_cached_bytes (untimed: the page cache the
-    restore left behind), restore_into, verified and (on a difference)
-    error. `load(name, device, checksums[, into])` replaces `eng.load` (bench.run.distributed
-    checks the world size first)."""
+    """Restore checkpoint `name` as a restart does (`fingerprint` of the source taken before
+    the save given: into the state's own tensors, scrubbed first, bench.run.restart) or into
+    new memory (fresh). Untimed: the destination made, the checkpoint's pages evicted (and
+    checked with mincore that they are gone: restore_s must be a read from the device). Timed:
+    the load, without the engine's own checksums, so that restore_s means the same for every
+    engine. Untimed again: those checksums and, if `check`, the restored state against the
+    source (restart: the destination's fingerprints with the source's; fresh: byte for byte).
+    Fills restore_s, restore_resident_bytes, restore_cached_bytes (the page cache the restore
+    left behind), device_read_bytes and restore_witness (what the targets' block devices
+    counted read during the load, bench.measure.witness), restore_into, verified and (on a
+    difference) error naming the first tensor.
+    `load(name, device, checksums[, into])` replaces `eng.load` (bench.run.distributed checks
+    the world size first)."""
+    row.restore_into = restart.RESTART if fingerprint is not None else restart.FRESH
+    dest = restart.restart(state, fingerprint, eng) if fingerprint is not None else restart.fresh()
     files = eng.cached_files(name)
     measure.evict_files(files)
     row.restore_resident_bytes = measure.resident_bytes(files)
-    in_place = fingerprint is not None
-    row.restore_into = "in-place" if in_place else "fresh"
-    kw = {"into": state} if in_place else {}
+    kw = dest.load_kwargs()
+    # the device's counters around the timed load (bench.measure.witness): did it read the
+    # checkpoint's bytes from the device, as restore_resident_bytes says it must
     seer = witness.Judge(list(getattr(eng, "targets", [])))
     seer.begin()
     t0 = measure.now_ns()
@@ -149,14 +154,9 @@ def restore_phase(
     row.device_read_bytes, row.restore_witness = seen.bytes, seen.text
     row.restore_cached_bytes = measure.resident_bytes(files)
     row.restore_mode = getattr(eng, "restore_mode", "host")
-    eng.check(name, loaded)
+    eng.check(name, dest.restored(loaded))
     if check:
-        if fingerprint is not None:  # in place
-            diff = verify.first_fingerprint_difference(fingerprint, verify.fingerprint(loaded))
-        else:
-            loose = REGISTRY[engine].traits.loose_keys
-            compare = verify.first_tensor_difference if loose else verify.first_difference
-            diff = compare(state, loaded)
+        diff = dest.first_difference(state, loaded, REGISTRY[engine].traits.loose_keys)
         row.verified = diff is None
         if diff:
             row.error = f"restored state differs at {diff}"

@@ -216,7 +216,7 @@ class Sweep:
     def _preflight(self, wls: list[plan.Workload]) -> None:
         """What every case will hold at its peak against what this machine has
         (bench.run.preflight), before the first ceiling and the first state: the plan's verdicts, with
-        each case's restore (fresh or in place). A case that cannot fit is refused in one line:
+        each case's restore (a restart or fresh). A case that cannot fit is refused in one line:
         with `on_error: stop`, or when no case fits, the run is (exit 2); else that case is
         skipped and said in the notes. Under torchrun every rank judges its own shard against
         its node's share of host memory, and a case refused on one rank is refused on all."""
@@ -281,10 +281,11 @@ class Sweep:
             core.note(f"case skipped: {why}")
             core.warn(f"skipped: {why}")
         for (wid, gkey, e), v in verdicts.items():
-            if v.restore == "in-place" and cfg.restore == "auto":
+            if v.restore == "restart" and cfg.restore == "auto":
                 core.note(
-                    f"{wid} {gkey} {e}: restored in place (a second copy of the state does not "
-                    "fit in host memory) and checked against the source's fingerprints"
+                    f"{wid} {gkey} {e}: restored as a restart (a second copy of the state does "
+                    "not fit in host memory for a fresh restore), checked against the source's "
+                    "fingerprints"
                 )
 
     def _check_targets(self, wls: list[plan.Workload]) -> None:

@@ -6,10 +6,14 @@ aligned offset, the stream cut into chunks, chunk j to target j % n at offset (j
 `packing` recognises that layout in a manifest; `read_packed` reads it back:
 - into new host memory: every chunk straight into one aligned host buffer laid out as the
   stream, each tensor a view at its packed offset (the buffer is freed when the last view goes);
-- into new device memory (CUDA), or in place (`into`): chunk by chunk through a ring of aligned
-  slots (the engine's staging, pinned on CUDA); the copy out of one slot (host-to-device on a
-  side stream, or a memcpy into a host tensor) overlaps the reads of the next chunks, and a slot
-  is read into again only once its copy is done.
+- in place (`into`, a restart's destination): a chunk whose bytes all belong to one host
+  tensor, a whole number of blocks that start on a block boundary of that tensor's memory, is
+  read straight into it (one copy: the disk's DMA; `direct_chunks`, checked tensor by tensor,
+  never assumed); the others as into device memory:
+- into new device memory (CUDA), or the rest of a restore in place: chunk by chunk through a
+  ring of aligned slots (the engine's staging, pinned on CUDA); the copy out of one slot
+  (host-to-device on a side stream, or a memcpy into a host tensor) overlaps the reads of the
+  next chunks, and a slot is read into again only once its copy is done.
 Several reads are in flight across the targets (threads: os.preadv releases the GIL), one per
 chunk. O_DIRECT needs aligned offsets, lengths and buffers: every chunk starts on a block
 boundary of its file and of the buffer, and the last chunk of the stream, shorter, is read up to
@@ -215,14 +219,17 @@ def read_packed(
     threads: int,
     check: bool = True,
     device: torch.device | None = None,
-    ring: np.ndarray | None = None,
+    ring: np.ndarray | Callable[[], np.ndarray] | None = None,
     into: list[torch.Tensor] | None = None,
+    direct: bool = True,
 ) -> list[torch.Tensor]:
     """Every tensor of checkpoint `m` (packed as `p`), read with O_DIRECT by `threads` threads:
     into new host memory (`device` None or cpu), new device memory, or the tensors of `into`
     (one per entry, each of its entry's bytes) in place. `ring`: aligned (on CUDA, pinned) host
     memory of at least one chunk, for the two last; its length sets how many chunks are in
-    flight. Raises UserError on a missing or short file, ChecksumError naming the tensor and
+    flight; in place it may be a function that makes it, called only where a chunk needs the
+    ring. `direct` (in place): the chunks that can be read straight into a host tensor are;
+    False: every chunk through the ring. Raises UserError on a missing or short file, ChecksumError naming the tensor and
     file when `check` and a tensor's bytes do not match its checksum."""
     layout.check_files(targets, m)
     files = _Files(targets, m, p)
@@ -230,9 +237,9 @@ def read_packed(
         with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="readback") as pool:
             if into is not None:
                 assert ring is not None, "a restore in place reads through a ring"
-                return _in_place(targets, m, p, files, pool, ring, into, check)
+                return _in_place(targets, m, p, files, pool, ring, into, check, direct)
             if device is not None and device.type != "cpu":
-                assert ring is not None, "a restore to a device reads through a ring"
+                assert isinstance(ring, np.ndarray), "a restore to a device reads through a ring"
                 return _to_device(targets, m, p, files, pool, ring, device, check)
             return _to_host(targets, m, p, files, pool, check)
     finally:
@@ -272,34 +279,37 @@ def _through_ring(
     pool: ThreadPoolExecutor,
     ring: np.ndarray,
     consume: Callable[[int, int], Any],
+    chunks: list[int] | None = None,
 ) -> None:
-    """Read every chunk into a slot of `ring` (several in flight) and hand it, in stream order,
-    to `consume(j, slot start)`, which returns an event (with `synchronize()`) marking the end of
-    its copies out of the slot, or None when it copied synchronously; a slot is read into again
-    only after that event."""
+    """Read every chunk (or those of `chunks`, in that order) into a slot of `ring` (several in
+    flight) and hand it, in that order, to `consume(j, slot start)`, which returns an event
+    (with `synchronize()`) marking the end of its copies out of the slot, or None when it copied
+    synchronously; a slot is read into again only after that event."""
+    order = list(range(p.chunks)) if chunks is None else chunks
     # A stream of one chunk needs only that chunk rounded up to a block.
     slots = len(ring) // p.chunk if p.chunks > 1 else 1
     need = p.chunk if p.chunks > 1 else odirect.align_up(p.used)
     assert slots >= 1 and len(ring) >= need, "the ring holds at least one chunk"
     events: list[Any] = [None] * slots
 
-    def read(j: int) -> None:
-        s = j % slots
+    def read(k: int) -> None:
+        s = k % slots
         ev = events[s]
         if ev is not None:
             ev.synchronize()
         lo = s * p.chunk
+        j = order[k]
         files.read(j, ring[lo : lo + odirect.align_up(p.place(j)[3])])
 
     pending: dict[int, Future] = {}
     try:
-        for j in range(min(slots, p.chunks)):
-            pending[j] = pool.submit(read, j)
-        for j in range(p.chunks):
-            pending.pop(j).result()
-            events[j % slots] = consume(j, (j % slots) * p.chunk)
-            if j + slots < p.chunks:
-                pending[j + slots] = pool.submit(read, j + slots)
+        for k in range(min(slots, len(order))):
+            pending[k] = pool.submit(read, k)
+        for k in range(len(order)):
+            pending.pop(k).result()
+            events[k % slots] = consume(order[k], (k % slots) * p.chunk)
+            if k + slots < len(order):
+                pending[k + slots] = pool.submit(read, k + slots)
     finally:
         for f in pending.values():
             try:
@@ -352,13 +362,16 @@ def _in_place(
     p: Packed,
     files: _Files,
     pool: ThreadPoolExecutor,
-    ring: np.ndarray,
+    ring: np.ndarray | Callable[[], np.ndarray],
     into: list[torch.Tensor],
     check: bool,
+    direct: bool = True,
 ) -> list[torch.Tensor]:
-    """Chunk by chunk through the ring into the tensors of `into`: a memcpy into contiguous host
-    tensors, a host-to-device copy into contiguous device tensors; a strided tensor gathers its
-    bytes in a contiguous one on its device first, copied into it at the end."""
+    """Into the tensors of `into`: the chunks `direct_chunks` finds read straight into host
+    tensors' memory (unless not `direct`), the others through the ring, a memcpy into
+    contiguous host tensors, a host-to-device copy into contiguous device tensors; a strided
+    tensor gathers its bytes in a contiguous one on its device first, copied into it at the
+    end."""
     flat: list[torch.Tensor | None] = []
     host: dict[int, np.ndarray] = {}
     gathered: list[tuple[torch.Tensor, torch.Tensor, TensorEntry]] = []
@@ -377,9 +390,19 @@ def _in_place(
             host[i] = f.numpy()
     devs = [f for i, f in enumerate(flat) if f is not None and i not in host]
     copies = device_copies(devs[0].device) if devs else None
-    ring_t = torch.from_numpy(ring)
-    hashes = _Hashes(targets, m, check and m.checksums)
     spans = p.spans(m.tensors)
+    straight = direct_chunks(p, spans, host) if direct else {}
+    rest = [j for j in range(p.chunks) if j not in straight]
+    # the ring only where a chunk goes through it (a bounded staging grows to it: not for a
+    # restart read straight into the tensors)
+    if callable(ring):
+        ring = ring() if rest else np.empty(0, dtype=np.uint8)
+    ring_t = torch.from_numpy(ring)
+    # a tensor read straight (in part) is hashed whole at the end, not streamed in order
+    hashes = _Hashes(targets, m, check and m.checksums)
+    whole = {spans[j][0][0] for j in straight}
+    for i in whole:
+        hashes.h.pop(i, None)
 
     def consume(j: int, s: int) -> Any:
         lo = p.place(j)[2]
@@ -398,19 +421,73 @@ def _in_place(
                 queued = True
         return copies.record() if queued and copies is not None else None
 
+    reads = [pool.submit(files.read, j, dst) for j, dst in straight.items()]
     try:
-        _through_ring(files, p, pool, ring, consume)
+        if rest:
+            _through_ring(files, p, pool, ring, consume, rest)
     finally:
         if copies is not None:
             copies.finish()
+        for fut in reads:  # the first error raises; none is left writing into the destination
+            fut.exception()
+    for fut in reads:
+        fut.result()
     hashes.check()
     if check and m.checksums:
-        for e, mem in zip(m.tensors, flat, strict=True):
-            if mem is not None and e.xxh3 is None:
-                layout.check_entry(targets, m, e, mem)
+        for i, (e, mem) in enumerate(zip(m.tensors, flat, strict=True)):
+            if mem is not None and (e.xxh3 is None or i in whole):
+                layout.check_entry(targets, m, e, host.get(i, mem))
     for d, g, e in gathered:
         d.copy_(layout.typed(g, e))
     return into
+
+
+def direct_chunks(
+    p: Packed, spans: list[list[tuple[int, int, int]]], host: dict[int, np.ndarray]
+) -> dict[int, np.ndarray]:
+    """The chunks that O_DIRECT can read straight into a host tensor's memory, each with that
+    memory: every byte of the chunk is that one tensor's, its length is a whole number of
+    blocks, and its place in the tensor's memory starts on a block boundary. Checked for each
+    chunk from the memory's address, never assumed: torch's own allocator gives large tensors
+    64-byte, not page, alignment; the sweep's host-emulated states are carved page-aligned out
+    of huge pages (bench.workloads.synthetic.DeviceMemory); a tensor's last partial block, the
+    padding between tensors and chunks shared by several tensors go through the ring."""
+    out: dict[int, np.ndarray] = {}
+    for j, sp in enumerate(spans):
+        if len(sp) != 1:
+            continue
+        i, a, b = sp[0]
+        _, _, lo, length = p.place(j)
+        mem = host.get(i)
+        if mem is None or (a, b) != (lo, lo + length) or length % odirect.ALIGN:
+            continue
+        off = p.offsets[i]
+        dst = mem[a - off : b - off]
+        if dst.ctypes.data % odirect.ALIGN == 0:
+            out[j] = dst
+    return out
+
+
+def _direct_pieces(
+    t: int,
+    off: int,
+    length: int,
+    mem: np.ndarray,
+    chunk: int,
+    straight: list[tuple[int, int, np.ndarray]],
+) -> list[tuple[int, int, int]]:
+    """Split one extent (`length` bytes at file offset `off` of target `t`, landing in `mem`):
+    its whole blocks appended to `straight` as (target, file offset, memory) reads of `chunk`
+    at most, where the file offset and the memory address agree modulo the block (checked,
+    never assumed); returns what is left for the bounce buffers: (file offset, length, its
+    position in `mem`)."""
+    a, b = odirect.align_up(off), odirect.align_down(off + length)
+    if b <= a or (mem.ctypes.data + (a - off)) % odirect.ALIGN:
+        return [(off, length, 0)]
+    for lo in range(a, b, chunk):
+        hi = min(b, lo + chunk)
+        straight.append((t, lo, mem[lo - off : hi - off]))
+    return [(o, n, at) for o, n, at in ((off, a - off, 0), (b, off + length - b, b - off)) if n]
 
 
 def read_extents(
@@ -424,12 +501,17 @@ def read_extents(
     into: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Tensors of checkpoint `m` (those at indexes `only`, in that order) read with O_DIRECT
-    whatever its layout (gds's, where a tensor may start anywhere in its file): every `chunk` of
-    a data file that holds their bytes read into an aligned bounce buffer of the reading thread,
-    `threads` at once, and each extent's bytes copied out of it into the tensor's memory (new
-    host memory, or the flat uint8 host tensors of `into`). One copy more than the packed
-    stream's read, as kvikio's POSIX path reads through its bounce buffers, and no page of the
-    checkpoint left in the page cache. Raises as `read_packed`."""
+    whatever its layout (gds's, where a tensor may start anywhere in its file), `threads` reads
+    at once, no page of the checkpoint left in the page cache:
+    - into the flat uint8 host tensors of `into` (a restart: the emulation of kvikio's pread
+      into the destination), every whole block of an extent whose file offset and memory
+      address agree modulo the block straight into the tensor's memory, in reads of `chunk`
+      at most (`_direct_pieces`);
+    - the rest (new host memory, the unaligned heads and tails of extents): the part of each
+      `chunk` of a data file that holds their bytes read into an aligned bounce buffer of the
+      reading thread, and each extent's bytes copied out of it, as kvikio's POSIX path reads
+      through its bounce buffers.
+    Raises as `read_packed`."""
     import threading
 
     layout.check_files(targets, m)
@@ -444,11 +526,16 @@ def read_extents(
         out = {i: arr[at[i] : at[i] + m.tensors[i].nbytes] for i in chosen}
     # (target, chunk index) -> the extents in it: (file offset, length, tensor, its position)
     spans: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    straight: list[tuple[int, int, np.ndarray]] = []  # (target, file offset, memory)
     for i in chosen:
         pos = 0
         for t, off, length in m.tensors[i].extents:
-            for k in range(off // chunk, (off + length - 1) // chunk + 1 if length else 0):
-                spans.setdefault((t, k), []).append((off, length, i, pos))
+            rest = [(off, length, 0)]
+            if into is not None:
+                rest = _direct_pieces(t, off, length, out[i][pos : pos + length], chunk, straight)
+            for o, n, here in rest:
+                for k in range(o // chunk, (o + n - 1) // chunk + 1 if n else 0):
+                    spans.setdefault((t, k), []).append((o, n, i, pos + here))
             pos += length
     paths = {t: layout.data_path(targets, m, t) for t in m.files}
     fds: dict[int, int] = {}
@@ -464,20 +551,28 @@ def read_extents(
             buf = local.buf = odirect.HostBuffer(chunk, prefault=False)
             with lock:
                 buffers.append(buf)
-        lo = k * chunk
-        length = min(chunk, int(m.files[t]["bytes"]) - lo)
-        read_aligned(fds[t], buf.array, lo, length, m.name, paths[t])
+        # only the blocks of the chunk that its extents touch
+        first, end = k * chunk, min((k + 1) * chunk, int(m.files[t]["bytes"]))
+        lo = odirect.align_down(max(first, min(off for off, _, _, _ in spans[key])))
+        hi = min(end, max(off + size for off, size, _, _ in spans[key]))
+        read_aligned(fds[t], buf.array, lo, hi - lo, m.name, paths[t])
         for off, size, i, pos in spans[key]:
-            a, b = max(lo, off), min(lo + length, off + size)
+            a, b = max(lo, off), min(hi, off + size)
             out[i][pos + a - off : pos + b - off] = buf.array[a - lo : b - lo]
+
+    def read_straight(piece: tuple[int, int, np.ndarray]) -> None:
+        t, off, mem = piece
+        read_aligned(fds[t], mem, off, len(mem), m.name, paths[t])
 
     try:
         for t, path in paths.items():
             fds[t] = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        # no more threads (and bounce chunks) than there are chunks to read
-        workers = max(1, min(threads, len(spans)))
+        # no more threads (and bounce chunks) than there are reads
+        workers = max(1, min(threads, len(spans) + len(straight)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="readback") as pool:
-            for f in [pool.submit(read, key) for key in sorted(spans)]:
+            futures = [pool.submit(read_straight, piece) for piece in straight]
+            futures += [pool.submit(read, key) for key in sorted(spans)]
+            for f in futures:
                 f.result()
     finally:
         for fd in fds.values():

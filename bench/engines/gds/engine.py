@@ -43,6 +43,7 @@ class Gds(StripedEngine):
         stripes=True,
         host_copies=0,
         baseline=False,
+        restore_in_place=True,
         summary="kvikio CuFile.pwrite straight from device memory (GPUDirect Storage)",
     )
 

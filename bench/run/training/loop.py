@@ -347,11 +347,14 @@ class TrainingRun:
         """A restart from the last checkpoint, timed by the harness: the trainer's model and
         optimizer are lost (the failure); a fresh Trainer from the same config is built and its
         token stream put where the checkpoint's step left it (a data loader's position), both
-        untimed, as a restarted process has done before it loads; the checkpoint's pages are
-        dropped from the page cache (a restart after a crash finds them on the device). Timed,
-        one clock from the call of load() to the end of the first step: the engine's load
-        (without its checksums, as restore_s) until the device is synchronised, load_state_dict
-        into the fresh model and optimizer, and the first training step, device synchronised.
+        untimed, as a restarted process has done before it loads (`restore: restart`, the
+        default: AdamW's state made too, the destination of the load); the checkpoint's pages
+        are dropped from the page cache (a restart after a crash finds them on the device).
+        Timed, one clock from the call of load() to the end of the first step: the engine's
+        load (without its checksums, as restore_s) until the device is synchronised (a
+        restart: into the fresh model and optimizer's own tensors, in place or its loader then
+        the copy, bench.run.restart), load_state_dict (fresh only: the copy into them), and the
+        first training step, device synchronised.
         Fills restart_s and its parts; restart_loss_match compares the first steps' losses with
         `after`, the losses the uninterrupted run had at those steps (none to compare: empty)."""
         sync = self.device.synchronize
@@ -359,14 +362,19 @@ class TrainingRun:
         gc.collect()
         fresh = Trainer(self.cfg, self.device.torch_device)
         fresh.gen.set_state(data)
+        into = None
+        if self.cfg.restore == "restart":
+            fresh.init_optimizer_state()
+            into = fresh.state()
         measure.drop_page_cache()
         measure.evict_files(eng.cached_files(name))
         sync()
         t0 = time.perf_counter_ns()
-        loaded = eng.load(name, device=str(self.device.torch_device), checksums=False)
+        loaded = eng.load(name, device=str(self.device.torch_device), checksums=False, into=into)
         sync()
         t1 = time.perf_counter_ns()
-        fresh.load_state(loaded)
+        if into is None:
+            fresh.load_state(loaded)
         sync()
         t2 = time.perf_counter_ns()
         losses = [fresh.step()]

@@ -87,6 +87,21 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(optim)
 
+    def init_optimizer_state(self) -> None:
+        """Make AdamW's per-parameter state (its step and moments) before a restart's load, as
+        a relaunched job's checkpointer does (torchtitan, DCP's `get_state_dict`): one step
+        with zero gradients at learning rate 0, which leaves the parameters as they are. Its
+        values are the load's to replace; its tensors are where the load puts them."""
+        lrs = [g["lr"] for g in self.opt.param_groups]
+        for g in self.opt.param_groups:
+            g["lr"] = 0.0
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        for g, lr in zip(self.opt.param_groups, lrs, strict=True):
+            g["lr"] = lr
+
     def lose(self) -> None:
         """A failure: the model and optimizer gone, their memory freed."""
         del self.model, self.opt
