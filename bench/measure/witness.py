@@ -37,7 +37,9 @@ A restore (`Judge.restore`) is judged on the bytes read from the devices while t
 ran, against the files' sizes: `yes` when at least those bytes were read, else `no: <why>`
 (the restore read from memory: the page cache was not dropped, or something kept it).
 
-Reading the counters costs two reads of a small sysfs file per device and save (`Counters.read`).
+The harness's clock (bench.measure.clock) reads the counters before save(), when it returns
+(`return_witness`: what a tool that stops its clock there saw) and when the save is durable:
+three reads of a small sysfs file per device and save, about 0.3 ms in all here.
 """
 
 from __future__ import annotations
@@ -112,8 +114,8 @@ class Device:
 class Chain:
     """The devices behind one target: `top` (the file system's device; a partition read as its
     disk), `leaves` (what it is made of, down to devices with nothing below; `[top]` for a plain
-    disk), `loops` (loop devices on the way, which hold the backing file's page cache), and
-    `why` (empty, or why the target has no witness: then top is None)."""
+    disk), `middle` (the devices on the way between them: device-mapper and md layers, loop
+    devices), and `why` (empty, or why the target has no witness: then top is None)."""
 
     target: str
     st_dev: int
