@@ -67,18 +67,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{r.failures} row(s) failed or did not verify", file=sys.stderr)
         code = 1
     if args.report:
-        code = max(code, report_of(run_dir))
+        from analysis.report.build import after_run
+
+        code = max(code, after_run(run_dir))
     return code
-
-
-def report_of(run_dir: str) -> int:
-    """`run --report`: the report of the run just made (never another run found by a glob);
-    1 where it could not be built, said in one line."""
-    try:
-        return _cmd_report(argparse.Namespace(run_dir=run_dir, output=None, figures_only=False))
-    except UserError as e:
-        print(f"ckptbench: the report of {run_dir} could not be built: {e}", file=sys.stderr)
-        return 1
 
 
 def _preflight_table(r: Sweep) -> int:
@@ -187,16 +179,9 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from analysis.report.build import build  # matplotlib only when asked for
+    from analysis.report.build import build_and_say  # matplotlib only when asked for
 
-    rep = build(args.run_dir, args.output, figures_only=args.figures_only)
-    print(rep.summary_text)
-    for note in rep.notes:
-        print(f"note: {note}")
-    print(f"wrote {len(rep.paths)} files to {rep.outdir} in {rep.seconds:.1f} s:")
-    for path in rep.paths:
-        print(f"  {os.path.relpath(path)}")
-    return 0
+    return build_and_say(args.run_dir, args.output, figures_only=args.figures_only)
 
 
 def _cmd_model(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ rows are marked in every table and figure.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,3 +221,28 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0
         paths += [csv_path, *write_doc(d, outdir, tr.run_id)]
     notes = ([clock] if clock is not None else []) + training.notes(tr)
     return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)
+
+
+def build_and_say(run_dir: str, output: str | None = None, figures_only: bool = False) -> int:
+    """`ckptbench report RUN_DIR` (and `run --report`): build the report and print its summary,
+    its notes and the files written; 0."""
+    rep = build(run_dir, output, figures_only=figures_only)
+    print(rep.summary_text)
+    for note in rep.notes:
+        print(f"note: {note}")
+    print(f"wrote {len(rep.paths)} files to {rep.outdir} in {rep.seconds:.1f} s:")
+    for path in rep.paths:
+        print(f"  {os.path.relpath(path)}")
+    return 0
+
+
+def after_run(run_dir: str) -> int:
+    """`run --report`: the report of the run just made (never another run found by a glob);
+    1, said in one line, where it could not be built."""
+    from bench.common.errors import UserError
+
+    try:
+        return build_and_say(run_dir)
+    except UserError as e:
+        print(f"ckptbench: the report of {run_dir} could not be built: {e}", file=sys.stderr)
+        return 1

@@ -170,9 +170,9 @@ def worker_main(args: Any) -> int:
 
         dist.destroy_process_group()
         if rank == 0 and getattr(args, "report", False):
-            from bench.cli import report_of
+            from analysis.report.build import after_run
 
-            code = max(code, report_of(run_dir))
+            code = max(code, after_run(run_dir))
     except UserError as e:
         if rank == 0:
             print(f"ckptbench: error: {e}", file=sys.stderr)
