@@ -232,10 +232,11 @@ def witness_lines(df: pd.DataFrame) -> list[str]:
         n = denied_counts(df, flag)
         if n:
             out.append(f"{sum(n.values())} {what}: " + ", ".join(f"{e} {k}" for e, k in n.items()))
-    un = witness_said(df, "durable_witness", "unavailable")
+    # timed rows, as the denials above count them
+    un = witness_said(df, "durable_witness", "unavailable") & ~df["warmup"].astype(bool)
     if un.any():
         why = str(df.loc[un, "durable_witness"].iloc[0]).removeprefix("unavailable: ")
-        out.append(f"durability not witnessed by the device on {int(un.sum())} row(s): {why}")
+        out.append(f"durability not witnessed by the device on {int(un.sum())} timed row(s): {why}")
     return out
 
 
