@@ -762,6 +762,42 @@ def test_fio_write_reads_fios_report_after_its_chatter(scratch: Path, fake_fio) 
     assert [os.listdir(d) for d in dirs] == [[], []]  # its files removed after
 
 
+@pytest.mark.parametrize("use_fio", [True, False], ids=["fio", "builtin"])
+def test_measure_asks_fio_its_version_once(
+    scratch: Path, monkeypatch, fake_fio, use_fio: bool
+) -> None:
+    """fio's version picks the tool and is recorded beside it, whichever tool runs: one fio
+    process asked, not one per use. The options are frozen: the caller's lists became tuples."""
+    dirs = _dirs(scratch, 1)
+    fake_fio.set("ok", 2)
+    asked: list[str | None] = []
+
+    def version() -> str | None:
+        asked.append(fio.fio_version())
+        return asked[-1]
+
+    monkeypatch.setattr(ceiling_measure, "fio_version", version)
+    options = Options(
+        targets=dirs,
+        ssd_counts=[1],
+        checkpoint_bytes=8 * MiB,
+        block=MiB,
+        device=devices.detect("host-emulated"),
+        use_fio=use_fio,
+        repetitions=1,
+        min_bytes=8 * MiB,
+        tensor_bytes=MiB,
+        grids={DIRECT_WRITE: [(1, 2)], BUFFERED_WRITE: [(1, 1)]},
+    )
+    assert options.targets == tuple(dirs) and options.ssd_counts == (1,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.repetitions = 2  # type: ignore[misc]
+    out = ceiling_measure.measure(options)
+    assert asked == ["fio-3.99"]
+    assert (out.method.tool, out.method.fio) == ("fio-3.99" if use_fio else "builtin", "fio-3.99")
+    assert len(fake_fio.calls()) == (options.storage_runs() if use_fio else 0)
+
+
 def test_fio_failing_is_a_runtime_error_with_its_words(scratch: Path, fake_fio) -> None:
     dirs = _dirs(scratch, 2)
     fake_fio.set("fail")
