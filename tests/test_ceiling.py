@@ -1,5 +1,6 @@
-"""Device ceilings (bench.measure.ceilings: fio, builtin, memory, measure): the storage probes write real files and clean up, honour
-write caps, repeat and keep every run; rows get their efficiencies from them."""
+"""Device ceilings (bench.measure.ceilings: fio, builtin, memory, measure): the storage probes
+write real files and clean up, honour write caps, repeat and keep every run; rows get their
+efficiencies from them."""
 
 from __future__ import annotations
 
