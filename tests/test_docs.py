@@ -25,6 +25,9 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # The venv's stamp (Makefile `$(BIN)/.installed`): with `-o` make neither remakes it nor runs a
 # target's recipe on its account, so `make -n` prints the target's own commands only.
 STAMP = ".venv/bin/.installed"
+# The committed runs the README explains (tests/fixtures/README.md).
+CMPA = "20261202T161542Z-cmpa-0ead53"
+CMPB = "20261202T161559Z-cmpb-52ec19"
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
@@ -194,8 +197,8 @@ def test_every_ckptbench_line_parses_with_the_cli(page: Path) -> None:
 
 def test_the_docs_show_ckptbench_commands() -> None:
     """The checks above see the commands (a checker that found none would pass anything)."""
-    shown = [ln for p in DOCS for ln in command_lines(p.read_text()) if ckptbench_args(ln)]
-    subcommands = {ckptbench_args(ln)[0] for ln in shown}  # type: ignore[index]
+    shown = [ckptbench_args(ln) for p in DOCS for ln in command_lines(p.read_text())]
+    subcommands = {args[0] for args in shown if args}
     assert {"run", "report", "compare", "model", "engines", "clean"} <= subcommands
 
 
@@ -224,6 +227,41 @@ def test_the_columns_tables_live_on_the_results_page_only() -> None:
     for page in DOCS:
         if page != results_page:
             assert columns.doc_blocks(page.read_text()) == [], page.name
+
+
+def _block_after(text: str, opening: str) -> list[str]:
+    """The lines of the code block whose first lines are `opening`."""
+    return text.split(opening, 1)[1].split("```", 1)[0].splitlines()
+
+
+def _shown(shown: list[str], real: list[str]) -> list[str]:
+    """The lines of a pasted output that the real output does not have; a line cut at `[...]`
+    needs only to begin a real line."""
+    out = []
+    for line in shown:
+        head, cut, _ = line.partition(" [...]")
+        if not (any(r.startswith(head) for r in real) if cut else line in real):
+            out.append(line)
+    return out
+
+
+def test_the_readme_pastes_the_real_output_of_the_committed_runs() -> None:
+    """The summary and the comparison in README.md are what the analysis computes for the
+    committed cmpa and cmpb runs today (the report's summary table and `compare`'s text, the
+    repository's path left out as the README leaves it out)."""
+    from analysis import compare, runs, stats
+    from analysis.tables import text_table
+
+    text = (REPO / "README.md").read_text()
+    a, b = (str(REPO / "tests" / "fixtures" / "runs" / n) for n in (CMPA, CMPB))
+    summary = text_table(*stats.summary_rows(stats.summary_table(runs.load(a))))
+    shown = _block_after(text, f"$ ckptbench report tests/fixtures/runs/{CMPA} ")[1:]
+    table = [ln for ln in shown if not ln.startswith("note: ")]
+    assert len(table) == 8 and _shown(table, summary.splitlines()) == []
+    real = compare.text(compare.compare([a, b])).replace(f"{REPO}{os.sep}", "")
+    shown = _block_after(text, "```\nA = ")
+    assert _shown(["A = " + shown[0], *shown[1:]], real.splitlines()) == []
+    assert "4 of 6 differences are outside the noise (95% CI excludes 1)" in shown
 
 
 # The checkers against planted mistakes: each must say what is wrong.
