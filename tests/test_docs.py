@@ -185,14 +185,15 @@ def _inline_make(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_link_and_anchor_resolves(page: Path) -> None:
-    assert broken_links(page, page.read_text()) == []
+    bad = broken_links(page, page.read_text())
+    assert not bad, "\n".join([f"{page.name}: broken links", *bad])
 
 
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_ckptbench_line_parses_with_the_cli(page: Path) -> None:
     lines = command_lines(page.read_text())
-    bad = {ln: why for ln in lines if (why := bad_ckptbench(ln))}
-    assert bad == {}
+    bad = [f"{ln}\n    {why}" for ln in lines if (why := bad_ckptbench(ln))]
+    assert not bad, "\n".join([f"{page.name}: commands that do not parse", *bad])
 
 
 def test_the_docs_show_ckptbench_commands() -> None:
@@ -212,12 +213,12 @@ def test_every_make_line_names_real_targets() -> None:
             if args is not None:
                 seen.setdefault(shlex.join(args), str(page.relative_to(REPO)))
     assert {"bench", "test", "columns", "report"} <= {a for k in seen for a in shlex.split(k)}
-    bad = {
-        f"{page}: make {args}": why
+    bad = [
+        f"{page}: make {args}\n    {why}"
         for args, page in seen.items()
         if (why := bad_make(shlex.split(args)))
-    }
-    assert bad == {}
+    ]
+    assert not bad, "\n".join(["make lines that name no target", *bad])
 
 
 def test_the_columns_tables_live_on_the_results_page_only() -> None:
