@@ -312,3 +312,26 @@ def test_a_make_line_with_no_such_target_is_named() -> None:
     assert "No rule to make target 'benhc'" in str(bad_make(["benhc"]))
     assert make_args("make mutate ARGS='--only plants'") == ["mutate", "ARGS=--only plants"]
     assert make_args("make") is None and make_args("python -m make x") is None
+
+
+def test_make_columns_writes_the_results_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scripts/columns.py (`make columns`) checks and writes docs/results.md: a table gone stale
+    is said by --check (exit 1, nothing written) and written again without it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("columns_script", REPO / "scripts" / "columns.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.PAGE == REPO / "docs" / "results.md"
+    page = tmp_path / "results.md"
+    good = script.PAGE.read_text()
+    page.write_text(good.replace("| `stall_s` |", "| `stall_seconds` |"))
+    monkeypatch.setattr(script, "PAGE", page)
+    monkeypatch.setattr("sys.argv", ["columns.py", "--check"])
+    assert script.main() == 1 and page.read_text() != good
+    assert "results.md: a columns table differs from its row type" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["columns.py"])
+    assert script.main() == 0 and page.read_text() == good
