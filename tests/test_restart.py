@@ -250,16 +250,17 @@ def test_cpu_single_restarts_aligned_chunks_straight_into_the_tensors(
     eng.check("ckpt", state)  # its own checksums, hashed whole for the tensors read straight
 
 
-def test_the_readme_engine_table_says_how_each_engine_restarts():
-    """README's engine table, column `a restart`, from each engine's `restore_in_place` trait."""
+def test_the_engine_table_says_how_each_engine_restarts():
+    """docs/engines.md's engine table, column `a restart`, from each engine's `restore_in_place`
+    trait; every registered engine has its line."""
     from conftest import REPO
 
-    from bench.engines import traits_of
+    from bench.engines import ENGINES, traits_of
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "engines.md").read_text()
     table = text[text.index("| engine | data path |") :].split("\n\n")[0].splitlines()
     said = {ln.split("`")[1]: ln.rstrip(" |").rsplit("| ", 1)[1] for ln in table[2:]}
-    assert said, "the table is there"
+    assert sorted(said) == sorted(ENGINES), "one line per registered engine"
     for name, how in said.items():
         want = "reads into the model" if traits_of(name).restore_in_place else "loads, then copies"
         assert how == want, name
