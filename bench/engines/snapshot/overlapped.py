@@ -12,8 +12,8 @@ import torch
 
 from bench.engines.snapshot.strategy import (
     Batch,
+    Packing,
     Staged,
-    Stream,
     Tools,
     hash_and_drain,
     now,
@@ -34,7 +34,7 @@ class Overlapped:
     when the last byte is in staging. Host chunks are copied by the copy threads, each
     submitting its chunk's write when done; device chunks are copied on a side CUDA stream with
     an event per chunk, and each write waits for its chunk's event (the copy of chunk k+1
-    overlaps the write of chunk k). Its packing: the plan's stream, which tensors are batched
+    overlaps the write of chunk k). Its packing: the plan's `Packing`, which tensors are batched
     (small ones inside one chunk) and which pieced, and, bound, per chunk its host batch, its
     device batch and the spans of pieced tensors in it."""
 
@@ -42,7 +42,7 @@ class Overlapped:
 
     def __init__(self, tools: Tools) -> None:
         self.tools = tools
-        self.stream: Stream | None = None
+        self.packing: Packing | None = None
         self.batched: list[int] = []
         self.pieced: list[int] = []
         self.chunk_host: list[Batch] = []
@@ -52,29 +52,29 @@ class Overlapped:
     def place(self, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
         self.unbind()
         chunk = self.tools.options.chunk_bytes
-        self.stream = Stream.place(plan, self.tools.targets, chunk)
-        self.batched, self.pieced = sort_copies(tensors, plan, self.stream, chunk)
+        self.packing = Packing.place(plan, self.tools.targets, chunk)
+        self.batched, self.pieced = sort_copies(tensors, plan, self.packing, chunk)
 
     def bind(self, plan: SavePlan) -> bool:
-        stream, staging = self._stream(), self.tools.staging
-        if stream.bound_to(staging.array):
+        pk, staging = self._packing(), self.tools.staging
+        if pk.bound_to(staging.array):
             return False
         self.unbind()  # no view of the old buffer may keep its memory
-        grew = staging.ensure(stream.used)
-        stream.bind(staging, plan)
-        chunk, n_chunks = self.tools.options.chunk_bytes, len(stream.pieces)
+        grew = staging.ensure(pk.used)
+        pk.bind(staging, plan)
+        chunk, n_chunks = self.tools.options.chunk_bytes, len(pk.pieces)
         by_chunk: list[list[int]] = [[] for _ in range(n_chunks)]
         for i in self.batched:
-            by_chunk[stream.offsets[i] // chunk].append(i)
+            by_chunk[pk.offsets[i] // chunk].append(i)
         self.chunk_host = [
-            stream.batch([i for i in b if not plan.cuda[i]], staging, plan) for b in by_chunk
+            pk.batch([i for i in b if not plan.cuda[i]], staging, plan) for b in by_chunk
         ]
         self.chunk_device = [
-            stream.batch([i for i in b if plan.cuda[i]], staging, plan) for b in by_chunk
+            pk.batch([i for i in b if plan.cuda[i]], staging, plan) for b in by_chunk
         ]
         self.chunk_spans = [[] for _ in range(n_chunks)]
         for i in self.pieced:
-            pos, end = stream.offsets[i], stream.offsets[i] + plan.entries[i].nbytes
+            pos, end = pk.offsets[i], pk.offsets[i] + plan.entries[i].nbytes
             while pos < end:
                 j = pos // chunk
                 stop = min(end, (j + 1) * chunk)
@@ -83,16 +83,16 @@ class Overlapped:
         return grew
 
     def unbind(self) -> None:
-        if self.stream is not None:
-            self.stream.unbind()
+        if self.packing is not None:
+            self.packing.unbind()
         self.chunk_host, self.chunk_device, self.chunk_spans = [], [], []
 
-    def _stream(self) -> Stream:
-        assert self.stream is not None, "a plan is placed before it is bound"
-        return self.stream
+    def _packing(self) -> Packing:
+        assert self.packing is not None, "a plan is placed before it is bound"
+        return self.packing
 
     def snapshot(self, job: Job) -> Staged:
-        return _Snapshot(self, self._stream(), job).run()
+        return _Snapshot(self, self._packing(), job).run()
 
 
 class _Snapshot:
@@ -100,10 +100,10 @@ class _Snapshot:
     while the copy starts), one write per chunk, and the gate that holds the writes in flight
     to `overlap_writes` while the copy runs."""
 
-    def __init__(self, strategy: Overlapped, stream: Stream, job: Job) -> None:
-        self.s, self.stream, self.job = strategy, stream, job
+    def __init__(self, strategy: Overlapped, pk: Packing, job: Job) -> None:
+        self.strategy, self.packing, self.job = strategy, pk, job
         self.tools = strategy.tools
-        self.writes: list[Future | None] = [None] * len(stream.pieces)
+        self.writes: list[Future | None] = [None] * len(pk.pieces)
         # Pieced tensors: contiguous ones are copied chunk by chunk (`srcs`: host ones as numpy
         # arrays); a strided one goes whole into its staging region up front, by a strided copy
         # (no extra contiguous copy).
@@ -118,19 +118,19 @@ class _Snapshot:
         self.fds: Future[dict[int, int]]  # target -> fd, opened once the copy has begun
 
     def run(self) -> Staged:
-        tools, stream, job = self.tools, self.stream, self.job
+        tools, pk, job = self.tools, self.packing, self.job
         writer, tensors = tools.writer, job.tensors
         staging = tools.staging.tensor
-        offsets = stream.offsets
+        offsets = pk.offsets
         c0 = now()
-        for i in self.s.pieced:
+        for i in self.strategy.pieced:
             src = tensors[i].detach()
             if not src.is_contiguous():
                 self.strided.append((src, offsets[i]))
                 continue
             flat = src.reshape(-1).view(torch.uint8)
             self.srcs[i] = flat.numpy() if flat.device.type == "cpu" else flat
-        self.fds = writer.pool.submit(writer.open, job.result, stream.file_bytes)
+        self.fds = writer.pool.submit(writer.open, job.result, pk.file_bytes)
         side = None
         if any(job.plan.cuda):
             side = torch.cuda.Stream(device=tools.device.torch_device)
@@ -153,12 +153,12 @@ class _Snapshot:
                     last.record(side)
         copies: list[Future] = []
         try:
-            for j in range(len(stream.pieces)):
+            for j in range(len(pk.pieces)):
                 event = last
-                dev_idx, dev_dsts = self.s.chunk_device[j]
+                dev_idx, dev_dsts = self.strategy.chunk_device[j]
                 device_spans = [
                     (i, a, b)
-                    for i, a, b in self.s.chunk_spans[j]
+                    for i, a, b in self.strategy.chunk_spans[j]
                     if i in self.srcs and not isinstance(self.srcs[i], np.ndarray)
                 ]
                 if dev_idx or device_spans:
@@ -193,17 +193,17 @@ class _Snapshot:
 
     def persist(self, writes: list[Future]) -> None:
         """The persist phase: the writes are on their way; hash, wait, fsync and commit."""
-        file_bytes, views = self.stream.file_bytes, self.stream.views
+        file_bytes, views = self.packing.file_bytes, self.packing.views
         hash_and_drain(self.tools, self.job, self.fds.result(), writes, file_bytes, views)
 
     def copy_chunk(self, j: int, event: Any) -> None:
         """Chunk j's host bytes into staging (its device bytes are queued on the side stream,
         `event` marks them), then its write handed to the writer threads."""
-        idx, dsts = self.s.chunk_host[j]
+        idx, dsts = self.strategy.chunk_host[j]
         if idx:
             batch_copy(dsts, [self.job.tensors[i] for i in idx], False)
-        arr, offsets = self.tools.staging.array, self.stream.offsets
-        for i, a, b in self.s.chunk_spans[j]:
+        arr, offsets = self.tools.staging.array, self.packing.offsets
+        for i, a, b in self.strategy.chunk_spans[j]:
             src = self.srcs.get(i)
             if isinstance(src, np.ndarray):  # host; strided ones are in staging already
                 np.copyto(arr[a:b], src[a - offsets[i] : b - offsets[i]])
@@ -217,7 +217,7 @@ class _Snapshot:
             event.synchronize()
         held = self.copying.is_set() and self.gate.acquire()
         try:
-            piece = self.stream.pieces[j]
+            piece = self.packing.pieces[j]
             self.tools.writer.write(fds[piece.target], piece)
         finally:
             if held:

@@ -10,8 +10,8 @@ import torch
 
 from bench.engines.snapshot.strategy import (
     Batch,
+    Packing,
     Staged,
-    Stream,
     Tools,
     now,
     sort_copies,
@@ -27,14 +27,14 @@ class Plain:
     """Copy every byte into staging, then persist: small tensors by torch's batched copy (one
     batch per copy thread on the host, one queued on the current stream for the device), the
     others by 8 MiB pieces in the copy threads (host) or one asynchronous copy each (device).
-    Its packing: the plan's stream, which tensors are batched and which pieced, and, bound, the
+    Its packing: the plan's `Packing`, which tensors are batched and which pieced, and, bound, the
     batches' destinations."""
 
     overlap: ClassVar[bool | None] = False
 
     def __init__(self, tools: Tools) -> None:
         self.tools = tools
-        self.stream: Stream | None = None
+        self.packing: Packing | None = None
         self.batched: list[int] = []
         self.pieced: list[int] = []
         self.host_batches: list[Batch] = []  # one per copy thread
@@ -42,34 +42,34 @@ class Plain:
 
     def place(self, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
         self.unbind()
-        self.stream = Stream.place(plan, self.tools.targets, self.tools.options.chunk_bytes)
-        self.batched, self.pieced = sort_copies(tensors, plan, self.stream)
+        self.packing = Packing.place(plan, self.tools.targets, self.tools.options.chunk_bytes)
+        self.batched, self.pieced = sort_copies(tensors, plan, self.packing)
 
     def bind(self, plan: SavePlan) -> bool:
-        stream, staging = self._stream(), self.tools.staging
-        if stream.bound_to(staging.array):
+        pk, staging = self._packing(), self.tools.staging
+        if pk.bound_to(staging.array):
             return False
         self.unbind()  # no view of the old buffer may keep its memory
-        grew = staging.ensure(stream.used)
-        stream.bind(staging, plan)
+        grew = staging.ensure(pk.used)
+        pk.bind(staging, plan)
         nbytes = [e.nbytes for e in plan.entries]
         host = [i for i in self.batched if not plan.cuda[i]]
         runs = _split(host, nbytes, self.tools.copy_threads)
-        self.host_batches = [stream.batch(run, staging, plan) for run in runs]
-        self.device_batch = stream.batch([i for i in self.batched if plan.cuda[i]], staging, plan)
+        self.host_batches = [pk.batch(run, staging, plan) for run in runs]
+        self.device_batch = pk.batch([i for i in self.batched if plan.cuda[i]], staging, plan)
         return grew
 
     def unbind(self) -> None:
-        if self.stream is not None:
-            self.stream.unbind()
+        if self.packing is not None:
+            self.packing.unbind()
         self.host_batches, self.device_batch = [], ([], [])
 
-    def _stream(self) -> Stream:
-        assert self.stream is not None, "a plan is placed before it is bound"
-        return self.stream
+    def _packing(self) -> Packing:
+        assert self.packing is not None, "a plan is placed before it is bound"
+        return self.packing
 
     def snapshot(self, job: Job) -> Staged:
-        stream, tools = self._stream(), self.tools
+        pk, tools = self._packing(), self.tools
         tensors, entries = job.tensors, job.plan.entries
         staging, arr = tools.staging.tensor, tools.staging.array
         c0 = now()
@@ -82,7 +82,7 @@ class Plain:
             batch_copy(dsts, [tensors[i] for i in idx], True)
         host = []
         for i in self.pieced:
-            t, off, n = tensors[i], stream.offsets[i], entries[i].nbytes
+            t, off, n = tensors[i], pk.offsets[i], entries[i].nbytes
             if t.device.type == "cpu" and t.is_contiguous():
                 host.append((arr[off : off + n], _host_bytes(t)))
             else:
@@ -101,9 +101,7 @@ class Plain:
                 f()
         tools.device.synchronize()
         copy_s = (now() - c0) / 1e9
-        return Staged(
-            copy_s, partial(write_all, tools, job, stream.pieces, stream.file_bytes, stream.views)
-        )
+        return Staged(copy_s, partial(write_all, tools, job, pk.pieces, pk.file_bytes, pk.views))
 
 
 def _host_bytes(t: torch.Tensor) -> np.ndarray:

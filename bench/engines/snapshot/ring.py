@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import xxhash
 
-from bench.engines.snapshot.strategy import Staged, Stream, Tools, now
+from bench.engines.snapshot.strategy import Packing, Staged, Tools, now
 from bench.engines.stripes import Job
 from bench.storage import layout
 from bench.storage.plan import SavePlan
@@ -22,34 +22,36 @@ class Ring:
     host memory is K x chunk and the stall grows toward the write time as K shrinks. Checksums
     are updated chunk by chunk in the copying thread (inside the stall). Made for states larger
     than host memory can stage, of large tensors: it copies tensor by tensor, a few
-    microseconds each. Its packing is the plan's stream alone: its pieces are made chunk by
+    microseconds each. Its packing is the plan's `Packing` alone: its pieces are made chunk by
     chunk, in the slot each chunk takes, so nothing is bound to the buffer between saves."""
 
     overlap: ClassVar[bool | None] = None
 
     def __init__(self, tools: Tools) -> None:
         self.tools = tools
-        self.stream: Stream | None = None
+        self.packing: Packing | None = None
 
     def place(self, plan: SavePlan, tensors: list[torch.Tensor]) -> None:
-        self.stream = Stream.place(plan, self.tools.targets, self.tools.options.chunk_bytes)
+        self.packing = Packing.place(plan, self.tools.targets, self.tools.options.chunk_bytes)
 
     def bind(self, plan: SavePlan) -> bool:
         o = self.tools.options
-        return self.tools.staging.ensure(min(self._stream().used, o.staging_chunks * o.chunk_bytes))
+        return self.tools.staging.ensure(
+            min(self._packing().used, o.staging_chunks * o.chunk_bytes)
+        )
 
     def unbind(self) -> None:
         """Nothing to drop: no view of the ring outlives a save."""
 
-    def _stream(self) -> Stream:
-        assert self.stream is not None, "a plan is placed before it is bound"
-        return self.stream
+    def _packing(self) -> Packing:
+        assert self.packing is not None, "a plan is placed before it is bound"
+        return self.packing
 
     def snapshot(self, job: Job) -> Staged:
-        tools, stream, writer = self.tools, self._stream(), self.tools.writer
+        tools, pk, writer = self.tools, self._packing(), self.tools.writer
         result, tensors, entries = job.result, job.tensors, job.plan.entries
         k, chunk, n = tools.options.staging_chunks, tools.options.chunk_bytes, tools.targets
-        offsets, used, file_bytes = stream.offsets, stream.used, stream.file_bytes
+        offsets, used, file_bytes = pk.offsets, pk.used, pk.file_bytes
         srcs: list[torch.Tensor | None] = []
         for t in tensors:
             src = t.detach()

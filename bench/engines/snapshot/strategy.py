@@ -1,5 +1,5 @@
 """What the snapshot strategies share: the engine's tools they work with (`Tools`), the packed
-stream of a plan (`Stream`), what a snapshot hands back (`Staged`), the persist steps
+stream of a plan (`Packing`), what a snapshot hands back (`Staged`), the persist steps
 (`write_all`, `hash_and_drain`) and the protocol each strategy implements (`Strategy`)."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Strategy(Protocol):
 
 
 @dataclass
-class Stream:
+class Packing:
     """One plan's packed stream: every tensor at a 64-byte aligned offset (`offsets`), `used`
     bytes in all, cut into chunks dealt round-robin to the targets (`pieces`, into files of
     `file_bytes`). Bound to a staging buffer (`bind`), its pieces are that buffer's bytes and
@@ -100,7 +100,7 @@ class Stream:
     views: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
-    def place(cls, plan: SavePlan, targets: int, chunk: int) -> Stream:
+    def place(cls, plan: SavePlan, targets: int, chunk: int) -> Packing:
         """The stream of `plan` over `targets` targets, unbound; fills the entries' extents."""
         offsets, used = layout.pack_offsets(plan.entries)
         pieces, file_bytes = layout.packed(
@@ -140,14 +140,14 @@ class Stream:
 
 
 def sort_copies(
-    tensors: list[torch.Tensor], plan: SavePlan, stream: Stream, chunk: int | None = None
+    tensors: list[torch.Tensor], plan: SavePlan, pk: Packing, chunk: int | None = None
 ) -> tuple[list[int], list[int]]:
     """The tensors with bytes, as (batched, pieced): the small ones, copied by torch's batched
     copy (only those inside one chunk of `chunk` bytes, where given), and the others, copied
     by pieces."""
     batched: list[int] = []
     pieced: list[int] = []
-    for i, (t, e, off) in enumerate(zip(tensors, plan.entries, stream.offsets, strict=True)):
+    for i, (t, e, off) in enumerate(zip(tensors, plan.entries, pk.offsets, strict=True)):
         if not e.nbytes:
             continue
         whole = chunk is None or off // chunk == (off + e.nbytes - 1) // chunk
