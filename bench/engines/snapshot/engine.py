@@ -4,6 +4,7 @@ buffer, copy threads and one snapshot strategy (see the package)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -121,7 +122,7 @@ class SnapshotEngine(StripedEngine):
         )
         self._in_background(pending, staged.persist)
 
-    def _in_background(self, pending: PendingSave, persist: Any) -> None:
+    def _in_background(self, pending: PendingSave, persist: Callable[[], None]) -> None:
         """Run the persist phase in the background; on failure remove this save's files."""
         name, save_id = pending.result.name, pending.result.save_id
 
