@@ -184,7 +184,7 @@ def test_without_forgetting_its_staging_cpu_single_would_hide_a_skipped_chunk(
     """cpu-single's restore through a ring reuses its staging, which still holds the last
     snapshot: a skipped chunk's slot would hand the right bytes on. The restart has the engine
     forget them first (SnapshotEngine.forget); without that, this defect passes."""
-    from bench.engines.striped import SnapshotEngine
+    from bench.engines.snapshot import SnapshotEngine
 
     state = small_state()
     want = verify.fingerprint(state)
