@@ -14,9 +14,11 @@ from markdown_it import MarkdownIt
 @dataclass
 class Doc:
     """Blocks of a report, each kept as Markdown; the HTML is that Markdown rendered by
-    markdown-it-py (CommonMark with tables), so the two cannot say different things."""
+    markdown-it-py (CommonMark with tables), so the two cannot say different things.
+    `headers`: every table's column headers, in order (the glossary defines them)."""
 
     blocks: list[str] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)
 
     def h(self, level: int, text: str) -> None:
         self.blocks.append(f"{'#' * level} {text}")
@@ -31,6 +33,7 @@ class Doc:
         self.blocks.append("\n".join(f"- {i}" for i in items))
 
     def table(self, headers: list[str], rows: list[list[str]]) -> None:
+        self.headers += headers
         self.blocks.append(md_table(headers, rows))
 
     def img(self, path: str, caption: str) -> None:
@@ -55,6 +58,17 @@ table{border-collapse:collapse;font-size:12px;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}th{background:#f3f3f3}
 img{max-width:100%}blockquote{color:#a00;margin:.5em 0}code{background:#f3f3f3}
 </style>"""
+
+
+def columns(
+    table: tuple[list[str], list[list[str]]], keep: list[str]
+) -> tuple[list[str], list[list[str]]]:
+    """The columns of `table` (headers, rows) named in `keep`, in that order: a table's first
+    columns for a reader, the whole table kept for the appendix. A header named twice in
+    `table` is taken at its first place."""
+    headers, rows = table
+    at = [headers.index(k) for k in keep]
+    return list(keep), [[r[i] for i in at] for r in rows]
 
 
 def md_table(headers: list[str], rows: list[list[str]]) -> str:

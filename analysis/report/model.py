@@ -18,6 +18,7 @@ from analysis.model.published import PUBLISHED, source_list, validate
 from analysis.model.published import summary as validation_summary
 from analysis.model.published import table as validation_table
 from analysis.model.render import FORMULAS_MD, input_rows
+from analysis.report.captions import CAPTIONS
 from analysis.report.doc import Doc
 from analysis.runs import Run
 from bench.common.errors import UserError
@@ -160,9 +161,43 @@ def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
     return out
 
 
+def published_headline(path: Path = PUBLISHED) -> str:
+    """The model against published measurements in one sentence."""
+    try:
+        v = validate(path)
+    except UserError as e:
+        return f"The model against published measurements: 0 points read ({e})."
+    return (
+        f"Against {len(v.independent)} independent published measurements the model's median "
+        f"error is {100 * v.median_error:.0f} %."
+    )
+
+
+def headline(run: Run, this: Profile | None) -> str:
+    """How well the model holds, in one sentence: its median error against this run's cases,
+    then against the published measurements."""
+    pub = published_headline()
+    if this is None:
+        return pub
+    errs = model_errors(model_frame(run, this))
+    if errs.empty:
+        return pub
+    return (
+        f"Built from this run's device ceilings alone, the model predicts the stall within a "
+        f"median {100 * errs['stall_err'].median():.0f} % and the time to durability within "
+        f"{100 * errs['durable_err'].median():.0f} % over the {len(errs)} engines; "
+        + pub[0].lower()
+        + pub[1:]
+    )
+
+
 def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile]) -> None:
-    """The formulas, this machine's inputs, the model against the measurement, the profiles."""
+    """The answer, Figure 8, the formulas, this machine's inputs, the model against the
+    measurement, the profiles."""
     d.h(2, "The model")
+    d.p(headline(run, this))
+    if this is not None:
+        d.img("lost_fraction.png", CAPTIONS["lost_fraction"])
     d.p(
         "`analysis/model.py`: each GPU's checkpoint when g GPUs of a host checkpoint at once "
         "(`model.predict`); the same function gives the headline, the tables and Figures 2-4."
