@@ -3,8 +3,10 @@ report.html in RUN_DIR/report/.
 
 The report answers "is GDS worth it for checkpointing here, and on the servers we might buy?":
 the measured summary, the model calibrated from the run beside the hardware profiles, the
-break-even SSD count per GPU, and the environment the numbers come from. Emulated and compat
-rows are marked in every table and figure.
+break-even SSD count per GPU, and the environment the numbers come from. Each section opens
+with its answer in a sentence, then its figure, then the columns a reader needs first; the
+whole tables and a glossary close it. Emulated and compat rows are marked in every table and
+figure.
 """
 
 from __future__ import annotations
