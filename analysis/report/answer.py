@@ -116,7 +116,7 @@ def headline(run: Run, profiles: list[Profile]) -> str:
         med = sr["ratio"].median()
         parts.append(
             f"here gds stalled training {med:.2f}x as long as cpu-single (median of {len(sr)} "
-            f"cases{emu})"
+            f"case{'s' if len(sr) != 1 else ''}{emu})"
         )
     servers = [p for p in profiles if p.name != THIS_MACHINE]
     finite = [b for p in servers if (b := break_even_ssds(p)) is not None]

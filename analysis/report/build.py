@@ -34,14 +34,13 @@ from analysis.figures.training import training_stall
 from analysis.model.calibrate import from_run
 from analysis.model.planning import measured_restores
 from analysis.model.profiles import PROFILES_DIR, Profile, load_profiles
-from analysis.report import host, restore, summary
 from analysis.report.answer import gds_section, profile_rows
 from analysis.report.caveats import warnings_for
 from analysis.report.contention import contention_section
 from analysis.report.doc import Doc, write_doc
 from analysis.report.environment import env_rows, training_env_rows
 from analysis.report.glossary import glossary_section
-from analysis.report.host import host_section
+from analysis.report.host import host_columns, host_section
 from analysis.report.mlperf import mlperf_section
 from analysis.report.model import (
     MODEL_CSV,
@@ -50,9 +49,9 @@ from analysis.report.model import (
     published_headline,
     published_summary,
 )
-from analysis.report.restore import restore_section
+from analysis.report.restore import restore_columns, restore_section
 from analysis.report.scaling import scaling_section
-from analysis.report.summary import summary_section
+from analysis.report.summary import summary_columns, summary_section
 from analysis.report.training import training_section
 from analysis.runs import Run
 from analysis.tables import text_table
@@ -193,11 +192,11 @@ def document(
         "The tables above show the columns a reader needs first; here are the whole tables. "
         "summary.csv, host_cost.csv and model_vs_measured.csv hold the unrounded numbers."
     )
-    summary.all_columns(d, table)
+    summary_columns(d, table)
     d.h(3, "Hardware profiles, every column")
     d.table(*profile_rows(profiles))
-    restore.all_columns(d, run, table)
-    host.all_columns(d, run)
+    restore_columns(d, run, table)
+    host_columns(d, run)
     glossary_section(d)
     return d
 

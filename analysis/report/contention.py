@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import contention
+from analysis import contention, stats
 from analysis.model.profiles import Profile
 from analysis.report.captions import CAPTIONS
 from analysis.report.doc import Doc
@@ -30,7 +30,7 @@ def headline(t: pd.DataFrame) -> str:
     rel = f", {r['agg_GBps'] / one.iloc[0]:.2f}x one rank alone" if len(one) else ""
     return (
         f"{int(r['ranks_active'])} ranks at once write {r['agg_GBps']:.2f} GB/s in aggregate "
-        f"at best ({r['engine']}, {r['target_map']} targets, {int(r['n_targets'])} SSDs"
+        f"at best ({r['engine']}, {r['target_map']} targets, {stats.case(r).split(' x ')[1]}"
         f"{rel})."
     )
 

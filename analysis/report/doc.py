@@ -14,11 +14,9 @@ from markdown_it import MarkdownIt
 @dataclass
 class Doc:
     """Blocks of a report, each kept as Markdown; the HTML is that Markdown rendered by
-    markdown-it-py (CommonMark with tables), so the two cannot say different things.
-    `headers`: every table's column headers, in order (the glossary defines them)."""
+    markdown-it-py (CommonMark with tables), so the two cannot say different things."""
 
     blocks: list[str] = field(default_factory=list)
-    headers: list[str] = field(default_factory=list)
 
     def h(self, level: int, text: str) -> None:
         self.blocks.append(f"{'#' * level} {text}")
@@ -33,7 +31,6 @@ class Doc:
         self.blocks.append("\n".join(f"- {i}" for i in items))
 
     def table(self, headers: list[str], rows: list[list[str]]) -> None:
-        self.headers += headers
         self.blocks.append(md_table(headers, rows))
 
     def img(self, path: str, caption: str) -> None:

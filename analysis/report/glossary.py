@@ -9,6 +9,7 @@ type, never in a section's prose and never twice.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from analysis.report.doc import Doc
@@ -341,15 +342,27 @@ def _row_docs() -> dict[str, str]:
     return out
 
 
+def table_headers(markdown: str) -> list[str]:
+    """The column headers of every table in `markdown` (a table's first line, the one above
+    its `|---|` line), each once, in order; empty headers left out."""
+    lines = markdown.splitlines()
+    out: list[str] = []
+    for above, line in zip(lines, lines[1:], strict=False):
+        if line.startswith("|---"):
+            out += [c.strip() for c in re.split(r"(?<!\\)\|", above.strip())[1:-1]]
+    return [h for h in dict.fromkeys(out) if h]
+
+
 def undefined(headers: list[str]) -> list[str]:
     """The headers (table columns) the glossary has no term for."""
     return [h for h in dict.fromkeys(headers) if h and h not in TERMS]
 
 
 def glossary_section(d: Doc) -> None:
-    """The glossary of every column of the tables `d` holds so far, then the docs of the
-    results columns they are computed from."""
-    used = [h for h in dict.fromkeys(d.headers) if h]
+    """The glossary of every column of the tables `d` holds so far (those written by
+    Doc.table and those inside a Markdown block alike), then the docs of the results columns
+    they are computed from."""
+    used = table_headers(d.markdown())
     d.h(2, "Glossary")
     d.p(
         f"The {len(used)} table columns above, in the order they first appear; medians are "

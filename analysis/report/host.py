@@ -174,7 +174,7 @@ def host_section(d: Doc, run: Run, profiles: list[Profile]) -> None:
     d.table(*host_profile_rows(with_run_cost(profiles, run)))
 
 
-def all_columns(d: Doc, run: Run) -> None:
+def host_columns(d: Doc, run: Run) -> None:
     """The whole per-engine table (host_cost.csv has the unrounded numbers)."""
     d.h(3, "What each path costs the host, every column")
     d.table(*cost.rows_md(cost.table(run)))

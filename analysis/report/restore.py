@@ -135,7 +135,7 @@ def restore_section(d: Doc, run: Run, table: pd.DataFrame) -> None:
     d.table(*columns(restore_rows(run, table), FIRST))
 
 
-def all_columns(d: Doc, run: Run, table: pd.DataFrame) -> None:
+def restore_columns(d: Doc, run: Run, table: pd.DataFrame) -> None:
     """The whole restore table."""
     d.h(3, "Restores, every column")
     d.table(*restore_rows(run, table))

@@ -64,7 +64,7 @@ def summary_section(d: Doc, table: pd.DataFrame, trained: bool) -> None:
     )
 
 
-def all_columns(d: Doc, table: pd.DataFrame) -> None:
+def summary_columns(d: Doc, table: pd.DataFrame) -> None:
     """The whole summary table, every column (summary.csv has the unrounded numbers)."""
     d.h(3, "Summary, every column")
     d.table(*stats.summary_rows(table))
