@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis import contention, stats
+from analysis import contention
 from analysis.model.profiles import Profile
 from analysis.report.captions import CAPTIONS
 from analysis.report.doc import Doc
@@ -28,9 +28,10 @@ def headline(t: pd.DataFrame) -> str:
         & (t["n_targets"] == r["n_targets"])
     ]["agg_GBps"]
     rel = f", {r['agg_GBps'] / one.iloc[0]:.2f}x one rank alone" if len(one) else ""
+    n = int(r["n_targets"])
     return (
         f"{int(r['ranks_active'])} ranks at once write {r['agg_GBps']:.2f} GB/s in aggregate "
-        f"at best ({r['engine']}, {r['target_map']} targets, {stats.case(r).split(' x ')[1]}"
+        f"at best ({r['engine']}, {r['target_map']} targets, {n} SSD{'s' if n != 1 else ''}"
         f"{rel})."
     )
 
