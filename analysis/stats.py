@@ -133,6 +133,12 @@ def read_ceiling_Bps(env: dict[str, Any], traits: Traits | None, n_targets: int)
     return c.bound("restore", traits, n_targets if traits.stripes else 1)
 
 
+def case(r: pd.Series) -> str:
+    """A summary row's case in words: `synthetic-1GiB-16MiB x 4 SSDs`."""
+    n = int(r["n_targets"])
+    return f"{r['workload']} x {n} SSD" + ("s" if n != 1 else "")
+
+
 def fmt_eff(x: float) -> str:
     """An efficiency for tables: '-' when there is none, 'ceiling beaten' above BEATEN (a finding
     about the ceiling, not a score)."""

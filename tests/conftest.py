@@ -162,3 +162,63 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
     from fake_kvikio import FakeCuda
 
     return FakeCuda().install(monkeypatch)
+
+
+# --- report.md's shape (analysis.report): used wherever a test builds a report -----------------
+
+
+def report_sections(md: str) -> dict[str, list[str]]:
+    """report.md's `## ` sections: heading -> its blocks (Markdown paragraphs)."""
+    out = {}
+    for part in md.split("\n## ")[1:]:
+        head, _, body = part.partition("\n")
+        out[head] = [b.strip() for b in body.strip().split("\n\n") if b.strip()]
+    return out
+
+
+def assert_answers_first(md: str) -> None:
+    """Every section but the appendix opens with its answer: one sentence (at most 60 words)
+    with a number of the run in it, before any figure, table, list or quote."""
+    from analysis.report.build import APPENDIX
+
+    secs = report_sections(md)
+    assert secs and all(a in secs for a in APPENDIX if a != "All columns"), list(secs)
+    for head, blocks in secs.items():
+        if head in APPENDIX:
+            continue
+        first = blocks[0]
+        assert first[0] not in "|!>-*#`", f"{head}: opens with {first[:60]!r}"
+        assert re.search(r"\d", first), f"{head}: no number in {first!r}"
+        assert len(first.split()) <= 60, f"{head}: {len(first.split())} words: {first!r}"
+        assert first.endswith(".") and not re.search(r"[.;:]\s+[A-Z][a-z]", first), (
+            f"{head}: more than one sentence: {first!r}"
+        )
+
+
+def table_headers(md: str) -> list[str]:
+    """Every column header of every table in `md`, in order."""
+    lines = md.splitlines()
+    out: list[str] = []
+    for above, line in zip(lines, lines[1:], strict=False):
+        if line.startswith("|---"):
+            out += [c.strip() for c in re.split(r"(?<!\\)\|", above.strip())[1:-1]]
+    return [h for h in out if h]
+
+
+def assert_glossary_complete(md: str) -> None:
+    """The Glossary defines every column named in the report's tables, and quotes the row
+    types' docs of the results columns they are computed from."""
+    from analysis.report.glossary import TERMS
+    from bench.measure import columns
+
+    glossary = md.split("\n## Glossary\n", 1)[1]
+    assert "\n## " not in glossary  # the last section
+    assert "(not defined)" not in glossary
+    said = re.findall(r"^- \*\*(.+?)\*\*: ", glossary, re.M)
+    assert set(table_headers(md.split("\n## Glossary\n")[0])) <= set(said)
+    assert len(said) == len(set(said))
+    docs = {c.name: c.doc for c in columns.columns(results.Row)}
+    for h in said:
+        for name in TERMS[h].of:
+            if ":" not in name:
+                assert f"- `{name}`: {docs[name]}" in glossary, name

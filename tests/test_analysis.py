@@ -903,6 +903,7 @@ LAYERS = [
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],
     ["report.host", "report.caveats", "report.summary", "report.model", "report.environment"]
+    + ["report.glossary"]
     + ["report.training", "report.contention", "report.scaling", "report.restore", "report.mlperf"],
     ["report.answer", "compare"],
     ["report.build"],

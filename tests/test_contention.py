@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_answers_first, assert_glossary_complete, report_sections
 
 from analysis import contention, runs
 from analysis.figures.contention import contention as contention_figure
@@ -110,6 +111,10 @@ def test_report_has_the_contention_section(run: runs.Run, tmp_path: Path) -> Non
     md = (tmp_path / "report.md").read_text()
     assert "## Many ranks at once" in md and "![Figure 7](contention.png)" in md
     assert "**Measured aggregate write bandwidth against one rank alone:**" in md
+    assert_answers_first(md)
+    assert_glossary_complete(md)
+    many = report_sections(md)["Many ranks at once"][0]
+    assert many.startswith("4 ranks at once write ") and "x one rank alone" in many
     assert any(n.startswith("aggregate write bandwidth, gds, ") for n in rep.notes)
 
 

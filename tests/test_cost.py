@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, assert_answers_first, assert_glossary_complete
 
 from analysis import cost, runs
 from analysis.model.calibrate import from_run
@@ -131,6 +131,8 @@ def test_report_section_and_figure(run: runs.Run, tmp_path: Path) -> None:
     built = build(str(HOST), str(tmp_path))
     md = (tmp_path / "report.md").read_text()
     assert "## What each path costs the host" in md
+    assert_answers_first(md)
+    assert_glossary_complete(md)
     assert (tmp_path / "host_cpu.png").stat().st_size > 10_000
     assert (tmp_path / "host_cpu.pdf").read_bytes().startswith(b"%PDF")
     assert str(tmp_path / "host_cost.csv") in built.paths

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, assert_answers_first, assert_glossary_complete
 
 from bench.common.errors import UserError
 from bench.config import sweep as config
@@ -293,3 +293,5 @@ def test_the_report_has_the_mlperf_section(tiny_run: Path) -> None:
     )
     assert "| write GiB/s (slowest rank, durable) |" in section
     assert "NOT durable" in section
+    assert_answers_first(text)
+    assert_glossary_complete(text)

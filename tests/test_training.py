@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import scratch_base
+from conftest import assert_answers_first, assert_glossary_complete, scratch_base
 
 from analysis import training as tstats
 from analysis.figures.training import _step_x, training_stall
@@ -439,6 +439,8 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
     assert names == ["cpu-single", "gds", "torch-save"]
     assert all(r.endswith("| yes |") for r in rows)
     assert "Is GDS worth it" not in md  # no harness rows: only the training section
+    assert_answers_first(md)
+    assert_glossary_complete(md)
     # every report carries the model against published measurements, in a line
     assert "## The model against published measurements" in md
     assert published.summary(published.validate()) in md
@@ -483,6 +485,8 @@ def test_report_of_a_harness_run_with_training(tiny_run: tuple, scratch: Path) -
     md = (scratch / "rep" / "report.md").read_text()
     assert "## Is GDS worth it here?" in md and "## Stall in a real training loop" in md
     assert "Figure 6 (below) shows checkpoint phases against the steps" in md
+    assert_answers_first(md)
+    assert_glossary_complete(md)
 
 
 def test_cli_train(scratch: Path, capsys: pytest.CaptureFixture[str]) -> None:

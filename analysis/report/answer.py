@@ -1,5 +1,6 @@
-"""The report's answer to "Is GDS worth it here?": the measured stall ratio, the model's
-break-even here and on the profiled servers, the profiles' table and Figure 4.
+"""The report's answer to "Is GDS worth it here?": a sentence (the measured stall ratio, the
+SSDs per GPU the profiled servers would need), Figure 4, the profiles' first columns, then the
+model's break-even here, the servers and restores in a line each.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from analysis.model.predict import (
 from analysis.model.profiles import THIS_MACHINE, Profile
 from analysis.model.render import describe_break_even
 from analysis.report.captions import CAPTIONS
-from analysis.report.doc import Doc
-from analysis.report.host import host_answer
+from analysis.report.doc import Doc, columns
 from analysis.runs import Run
 
 
@@ -97,17 +97,63 @@ def _gain_text(p: Profile) -> str:
     return f"{gain:.2f}" + (" (assumed)" if p.assumed("ssd_read_GBps", "h2d_GBps") else "")
 
 
+PROFILE_FIRST = [
+    "profile",
+    "SSDs per GPU today",
+    "GDS / CPU-centric stall at that count",
+    "break-even SSDs per GPU (n*)",
+    "CPU-centric / GDS restore at that count",
+]
+
+
+def headline(run: Run, profiles: list[Profile]) -> str:
+    """The answer in one sentence: the stall measured here, and the SSDs per GPU the profiled
+    servers would need for GDS to stall no longer."""
+    sr = stall_ratios(run)
+    emu = ", host-emulated" if run.emulated else ""
+    parts = []
+    if not sr.empty:
+        med = sr["ratio"].median()
+        parts.append(
+            f"here gds stalled training {med:.2f}x as long as cpu-single (median of {len(sr)} "
+            f"case{'s' if len(sr) != 1 else ''}{emu})"
+        )
+    servers = [p for p in profiles if p.name != THIS_MACHINE]
+    finite = [b for p in servers if (b := break_even_ssds(p)) is not None]
+    if finite:
+        today = int(np.median([p.ssds_per_gpu for p in servers]))
+        worth = _worth(servers)
+        parts.append(
+            f"the profiled servers would need {min(finite)}-{max(finite)} SSDs per GPU for GDS "
+            f"to stall no longer, and carry about {today}"
+            + (f" (it breaks even on {', '.join(worth)})" if worth else "")
+        )
+    if not parts:
+        return (
+            f"This run's {len(run.engines)} engine(s) hold no gds and cpu-single pair, and no "
+            "server profile breaks even: the tables below have what was measured."
+        )
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
+
+
+def _worth(servers: list[Profile]) -> list[str]:
+    """The servers on which GDS stalls no longer than a CPU-centric snapshot at their SSDs."""
+    return [
+        p.name for p in servers if (b := break_even_ssds(p)) is not None and b <= p.ssds_per_gpu
+    ]
+
+
 def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]:
-    """The paragraphs that answer 'is GDS worth it here'."""
+    """The lines under the answer that say how it was reached."""
     out = []
     sr = stall_ratios(run)
     emu = " (host-emulated: an O_DIRECT emulation of GDS, not GDS)" if run.emulated else ""
     if not sr.empty:
-        lo, hi, med = sr["ratio"].min(), sr["ratio"].max(), sr["ratio"].median()
-        verdict = "longer" if med > 1 else "shorter"
+        lo, hi = sr["ratio"].min(), sr["ratio"].max()
+        verdict = "longer" if sr["ratio"].median() > 1 else "shorter"
         out.append(
-            f"**Measured here{emu}:** gds stalled training {med:.2f}x as long as cpu-single "
-            f"(median over {len(sr)} cases, range {lo:.2f}-{hi:.2f}x): the GDS path stalls "
+            f"**Measured here{emu}:** {lo:.2f}-{hi:.2f}x over the cases: the GDS path stalls "
             f"{verdict}, because it holds the tensors until they are durable while the "
             "CPU-centric path stalls only for the snapshot into host memory."
         )
@@ -115,25 +161,17 @@ def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]
         out.append(f"**The model calibrated from this run:** {describe_break_even(this)}.")
     servers = [p for p in profiles if p.name != THIS_MACHINE]
     if servers:
-        bes = [break_even_ssds(p) for p in servers]
-        finite = [b for b in bes if b is not None]
-        today = [p.ssds_per_gpu for p in servers]
+        finite = [b for p in servers if (b := break_even_ssds(p)) is not None]
         ratios = [stall_ratio(p, p.ssds_per_gpu) for p in servers]
-        worth = [
-            p.name
-            for p, b in zip(servers, bes, strict=True)
-            if b is not None and b <= p.ssds_per_gpu
-        ]
+        worth = _worth(servers)
         if finite:
             out.append(
-                f"**On the profiled servers** GDS needs {min(finite)}-{max(finite)} SSDs per GPU "
-                f"to stall no longer than a CPU-centric snapshot; they carry about "
-                f"{int(np.median(today))} per GPU, where GDS stalls {min(ratios):.1f}-"
-                f"{max(ratios):.1f}x as long. "
+                f"**On the profiled servers** at their SSD count GDS stalls {min(ratios):.1f}-"
+                f"{max(ratios):.1f}x as long as a CPU-centric snapshot; "
                 + (
                     f"GDS breaks even on: {', '.join(worth)}."
                     if worth
-                    else "On none of them is GDS worth it for the stall."
+                    else "on none of them is GDS worth it for the stall."
                 )
             )
         gains = [restore_gain(p, p.ssds_per_gpu) for p in servers]
@@ -155,17 +193,17 @@ def answer(run: Run, this: Profile | None, profiles: list[Profile]) -> list[str]
                 + " (Figure 4 (b); the section Restores has what this run measured)."
             )
     out.append(
-        "Figure 4 (feasibility) answers the question; Figure 2 shows the measured stall "
-        "beside the model, Figure 3 the host memory the CPU-centric paths pay for it."
+        "Figure 4 (feasibility) answers the question; Figure 2 (Summary) shows the measured "
+        "stall beside the model, Figure 3 (the host's section) the host memory the CPU-centric "
+        "paths pay for it."
     )
-    out.append(host_answer(run, servers))
     return out
 
 
 def gds_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile]) -> None:
-    """The answer, the profiles' break-even table and Figure 4."""
+    """The answer in a sentence, Figure 4, the profiles' first columns, how it was reached."""
     d.h(2, "Is GDS worth it here?")
-    for para in answer(run, this, profiles):
-        d.p(para)
-    d.table(*profile_rows(profiles))
+    d.p(headline(run, profiles))
     d.img("feasibility.png", CAPTIONS["feasibility"])
+    d.table(*columns(profile_rows(profiles), PROFILE_FIRST))
+    d.ul(answer(run, this, profiles))

@@ -3,8 +3,10 @@ report.html in RUN_DIR/report/.
 
 The report answers "is GDS worth it for checkpointing here, and on the servers we might buy?":
 the measured summary, the model calibrated from the run beside the hardware profiles, the
-break-even SSD count per GPU, and the environment the numbers come from. Emulated and compat
-rows are marked in every table and figure.
+break-even SSD count per GPU, and the environment the numbers come from. Each section opens
+with its answer in a sentence, then its figure, then the columns a reader needs first; the
+whole tables and a glossary close it. Emulated and compat rows are marked in every table and
+figure.
 """
 
 from __future__ import annotations
@@ -32,18 +34,24 @@ from analysis.figures.training import training_stall
 from analysis.model.calibrate import from_run
 from analysis.model.planning import measured_restores
 from analysis.model.profiles import PROFILES_DIR, Profile, load_profiles
-from analysis.report.answer import gds_section
-from analysis.report.captions import CAPTIONS, FIGURES
+from analysis.report.answer import gds_section, profile_rows
 from analysis.report.caveats import warnings_for
 from analysis.report.contention import contention_section
 from analysis.report.doc import Doc, write_doc
 from analysis.report.environment import env_rows, training_env_rows
-from analysis.report.host import host_section
+from analysis.report.glossary import glossary_section
+from analysis.report.host import host_columns, host_section
 from analysis.report.mlperf import mlperf_section
-from analysis.report.model import MODEL_CSV, model_frame, model_section, published_summary
-from analysis.report.restore import restore_section
+from analysis.report.model import (
+    MODEL_CSV,
+    model_frame,
+    model_section,
+    published_headline,
+    published_summary,
+)
+from analysis.report.restore import restore_columns, restore_section
 from analysis.report.scaling import scaling_section
-from analysis.report.summary import summary_section
+from analysis.report.summary import summary_columns, summary_section
 from analysis.report.training import training_section
 from analysis.runs import Run
 from analysis.tables import text_table
@@ -140,6 +148,11 @@ def build(
     return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)
 
 
+# The sections at the end that answer no question: what the numbers stand on, every column,
+# and what the columns mean. Every other section opens with its answer, in a sentence.
+APPENDIX = ("Environment", "All columns", "Glossary")
+
+
 def document(
     run: Run,
     table: pd.DataFrame,
@@ -147,23 +160,23 @@ def document(
     profiles: list[Profile],
     tr: training.TrainingRun | None = None,
 ) -> Doc:
-    """The report's content."""
+    """The report's content: the caveats, a section per question (its answer in a sentence,
+    its figure, its table's first columns), then the appendix."""
     d = Doc()
     d.h(1, f"ckptbench report: {run.run_id}")
     for w in warnings_for(run):
         d.warn(w)
-    n_rows = len(run.ok)
     d.p(
-        f"{n_rows} timed repetitions ({run.excluded.get('warm-up', 0)} warm-ups left out), "
-        f"{table.shape[0]} cases, engines: {', '.join(run.engines)}. GB/s = 1e9 B/s; write "
-        "bandwidth = checkpoint bytes / total_s (until durable)."
+        f"{len(run.ok)} timed repetitions ({run.excluded.get('warm-up', 0)} warm-ups left out), "
+        f"{table.shape[0]} cases, engines: {', '.join(run.engines)}. The Glossary at the end "
+        "says what each column means."
     )
-
     gds_section(d, run, this, profiles)
-    summary_section(d, table)
+    summary_section(d, table, trained=tr is not None)
+    if tr is not None:
+        training_section(d, tr)
     restore_section(d, run, table)
     host_section(d, run, profiles)
-    figures_section(d, this, tr)
     if contention.present(run):
         contention_section(d, run, this)
     if scaling.present(run):
@@ -174,29 +187,18 @@ def document(
 
     d.h(2, "Environment")
     d.table(["", "value"], env_rows(run.env))
+    d.h(2, "All columns")
+    d.p(
+        "The tables above show the columns a reader needs first; here are the whole tables. "
+        "summary.csv, host_cost.csv and model_vs_measured.csv hold the unrounded numbers."
+    )
+    summary_columns(d, table)
+    d.h(3, "Hardware profiles, every column")
+    d.table(*profile_rows(profiles))
+    restore_columns(d, run, table)
+    host_columns(d, run)
+    glossary_section(d)
     return d
-
-
-def figures_section(d: Doc, this: Profile | None, tr: training.TrainingRun | None) -> None:
-    """The figures not shown beside their section, and a training-loop run's section."""
-    d.h(2, "Figures")
-    for stem in FIGURES:
-        if stem != "feasibility":
-            d.img(f"{stem}.png", CAPTIONS[stem])
-    if this is not None:
-        d.img("lost_fraction.png", CAPTIONS["lost_fraction"])
-    if tr is not None:
-        d.p(
-            "PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; Figure 6 "
-            "(below) shows checkpoint phases against the steps of a training loop."
-        )
-        training_section(d, tr)
-    else:
-        d.p(
-            "PDF versions sit beside the PNGs. Figure 5 times one checkpoint alone; checkpoint "
-            "phases against the steps of a real training loop come from `ckptbench train "
-            "configs/training.yaml`, whose report draws them (Figure 6)."
-        )
 
 
 def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0: float) -> Report:
@@ -215,9 +217,11 @@ def build_training(tr: training.TrainingRun, outdir: str, figures_only: bool, t0
             d.warn(clock)
         training_section(d, tr)
         d.h(2, "The model against published measurements")
+        d.p(published_headline())
         d.p(published_summary() + " `ckptbench model --validate` prints the table.")
         d.h(2, "Environment")
         d.table(["", "value"], training_env_rows(tr.env))
+        glossary_section(d)
         paths += [csv_path, *write_doc(d, outdir, tr.run_id)]
     notes = ([clock] if clock is not None else []) + training.notes(tr)
     return Report(outdir, paths, table, summary_text, notes, time.perf_counter() - t0)

@@ -1,5 +1,6 @@
-"""The report's figure captions, by file stem, and the five figures every report shows (its
-figures section lists them in this order; Figure 4 stands in the answer). Imports nothing.
+"""The report's figure captions, by file stem, and the five figures every report shows (each
+stands in the section whose question it answers: Figure 4 in the answer, Figures 1, 2 and 5 in
+the summary, Figure 3 in the host's section). Imports nothing.
 """
 
 from __future__ import annotations

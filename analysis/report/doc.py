@@ -57,6 +57,17 @@ img{max-width:100%}blockquote{color:#a00;margin:.5em 0}code{background:#f3f3f3}
 </style>"""
 
 
+def columns(
+    table: tuple[list[str], list[list[str]]], keep: list[str]
+) -> tuple[list[str], list[list[str]]]:
+    """The columns of `table` (headers, rows) named in `keep`, in that order: a table's first
+    columns for a reader, the whole table kept for the appendix. A header named twice in
+    `table` is taken at its first place."""
+    headers, rows = table
+    at = [headers.index(k) for k in keep]
+    return list(keep), [[r[i] for i in at] for r in rows]
+
+
 def md_table(headers: list[str], rows: list[list[str]]) -> str:
     def cell(c: str) -> str:
         return str(c).replace("|", "\\|")

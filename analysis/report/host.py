@@ -1,5 +1,6 @@
-"""The report's section on what each path costs the host: the per-engine table (analysis.cost),
-Figure 9, the profiled hosts' verdicts charged this run's CPU cost, and the answer's line on it.
+"""The report's section on what each path costs the host: the cheapest and dearest path in a
+sentence, Figure 9, the per-engine table's first columns (analysis.cost), this run's figures and
+the profiled hosts' verdicts charged this run's CPU cost, Figure 3 and the hosts' table.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from analysis import cost
 from analysis.model.host import host_needs
 from analysis.model.profiles import THIS_MACHINE, Profile
 from analysis.report.captions import CAPTIONS
-from analysis.report.doc import Doc
+from analysis.report.doc import Doc, columns
 from analysis.runs import Run
 
 
@@ -124,31 +125,56 @@ def host_profile_rows(profiles: list[Profile]) -> tuple[list[str], list[list[str
     return headers, out
 
 
-def host_section(d: Doc, run: Run, profiles: list[Profile]) -> None:
-    """What each path costs the host: the per-engine table, Figure 9 and the servers."""
-    d.h(2, "What each path costs the host")
-    host = cost.has_host(run)
-    d.p(
-        "Per engine, medians over every timed repetition, per GB made durable (1e9 B): CPU "
-        "seconds of this process (every thread and the children it ran) and of the whole host "
-        "(/proc/stat busy time less other processes' CPU time and the run's idle baseline, so "
-        "kernel writeback, journal threads and interrupts count), the host's part in the stall "
-        "and while persisting; cores busy while persisting (a path that persists inside its "
-        "stall: over the whole save); host DRAM bytes moved per checkpoint byte, measured from "
-        "the memory controllers' counters where the run read them, else derived from the path's "
-        "copies (`derived`; on this run's device, and on a GPU server beside it). host_cost.csv "
-        "has the numbers."
-        + ("" if host else " This run predates the host columns: the process figure alone.")
+FIRST = [
+    "engine",
+    "n",
+    "CPU s/GB, host",
+    "host: stall",
+    "host: persist",
+    "DRAM B/B",
+    "write GB/s",
+]
+
+
+def headline(run: Run) -> str:
+    """What the paths cost the host, in one sentence: the cheapest and the dearest per GB."""
+    t = cost.table(run)
+    col = "host_cpu_s_per_GB" if cost.has_host(run) else "process_cpu_s_per_GB"
+    t = t[t[col].notna()]
+    if t.empty:
+        return "0 repetitions recorded what they cost the host's CPUs."
+    cheap, dear = t.nsmallest(1, col).iloc[0], t.nlargest(1, col).iloc[0]
+    who = "the host" if col.startswith("host") else "this process"
+    return (
+        f"The cheapest path for {who} is {cheap['engine']}, {cheap[col]:.2f} CPU-s per GB made "
+        f"durable; the dearest {dear['engine']}, {dear[col]:.2f}"
+        + (f" ({dear[col] / cheap[col]:.1f}x)" if cheap[col] > 0 else "")
+        + "."
     )
-    d.table(*cost.rows_md(cost.table(run)))
+
+
+def host_section(d: Doc, run: Run, profiles: list[Profile]) -> None:
+    """The answer, Figure 9, the per-engine table's first columns, this run's figures and the
+    servers' verdicts in a paragraph, Figure 3 and the profiled hosts' table."""
+    d.h(2, "What each path costs the host")
+    d.p(headline(run))
+    if not cost.has_host(run):
+        d.p("This run predates the host columns: the process figure alone.")
     d.img("host_cpu.png", CAPTIONS["host_cpu"])
+    d.table(*columns(cost.rows_md(cost.table(run)), FIRST))
+    servers = [p for p in profiles if p.name != THIS_MACHINE]
+    d.p(host_answer(run, servers))
+    d.img("host_memory.png", CAPTIONS["host_memory"])
     d.p(
-        "What it would cost each profiled host to checkpoint all its GPUs at its SSDs' "
-        "aggregate rate, charged this run's CPU-seconds per GB (servers) or the profile's own "
-        "(this machine): cores = CPU-s/GB x GB/s, DRAM = derived bytes per byte x GB/s, against "
-        "the host's cores and DRAM peak as the profiles cite them (`unknown` where a profile "
-        "cites none); 'DRAM % lost persisting' = the share of the peak the path takes beside "
-        "training while it persists. `ckptbench model PROFILE` prints the same with the "
-        "reference run's CPU cost (configs/hardware/cpu-cost/reference.yaml)."
+        "Each profiled host checkpointing all its GPUs at its SSDs' aggregate rate, charged "
+        "this run's CPU-seconds per GB (servers) or the profile's own (this machine); "
+        "`ckptbench model PROFILE` prints the same with the reference run's CPU cost "
+        "(configs/hardware/cpu-cost/reference.yaml)."
     )
     d.table(*host_profile_rows(with_run_cost(profiles, run)))
+
+
+def host_columns(d: Doc, run: Run) -> None:
+    """The whole per-engine table (host_cost.csv has the unrounded numbers)."""
+    d.h(3, "What each path costs the host, every column")
+    d.table(*cost.rows_md(cost.table(run)))

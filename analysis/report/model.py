@@ -14,10 +14,11 @@ from analysis import stats
 from analysis.model.calibrate import near
 from analysis.model.predict import predict
 from analysis.model.profiles import THIS_MACHINE, Profile
-from analysis.model.published import PUBLISHED, source_list, validate
+from analysis.model.published import PUBLISHED, Validation, source_list, validate
 from analysis.model.published import summary as validation_summary
 from analysis.model.published import table as validation_table
 from analysis.model.render import FORMULAS_MD, input_rows
+from analysis.report.captions import CAPTIONS
 from analysis.report.doc import Doc
 from analysis.runs import Run
 from bench.common.errors import UserError
@@ -160,9 +161,53 @@ def model_misses(frame: pd.DataFrame, run: Run) -> list[str]:
     return out
 
 
+def _validation(path: Path) -> Validation | UserError:
+    """The model against the published measurements of `path`, or why it is not available."""
+    try:
+        return validate(path)
+    except UserError as e:
+        return e
+
+
+def published_headline(path: Path = PUBLISHED, v: Validation | UserError | None = None) -> str:
+    """The model against published measurements in one sentence (`v`: already validated)."""
+    v = _validation(path) if v is None else v
+    if isinstance(v, UserError):
+        return f"The model against published measurements: 0 points read ({v})."
+    return (
+        f"Against {len(v.independent)} independent published measurements the model's median "
+        f"error is {100 * v.median_error:.0f} %."
+    )
+
+
+def headline(frame: pd.DataFrame | None, v: Validation | UserError) -> str:
+    """How well the model holds, in one sentence: its median error against this run's cases
+    (`frame`: model_frame, None without a calibrated profile), then against the published
+    measurements."""
+    pub = published_headline(v=v)
+    if frame is None:
+        return pub
+    errs = model_errors(frame)
+    if errs.empty:
+        return pub
+    return (
+        f"Built from this run's device ceilings alone, the model predicts the stall within a "
+        f"median {100 * errs['stall_err'].median():.0f} % and the time to durability within "
+        f"{100 * errs['durable_err'].median():.0f} % over the {len(errs)} engines; "
+        + pub[0].lower()
+        + pub[1:]
+    )
+
+
 def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile]) -> None:
-    """The formulas, this machine's inputs, the model against the measurement, the profiles."""
+    """The answer, Figure 8, the formulas, this machine's inputs, the model against the
+    measurement, the profiles."""
     d.h(2, "The model")
+    frame = model_frame(run, this) if this is not None else None
+    v = _validation(PUBLISHED)
+    d.p(headline(frame, v))
+    if this is not None:
+        d.img("lost_fraction.png", CAPTIONS["lost_fraction"])
     d.p(
         "`analysis/model.py`: each GPU's checkpoint when g GPUs of a host checkpoint at once "
         "(`model.predict`); the same function gives the headline, the tables and Figures 2-4."
@@ -174,7 +219,7 @@ def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile
         for note in this.notes:
             d.p(f"Note: {note}.")
         d.h(3, "Model against measurement")
-        frame = model_frame(run, this)
+        assert frame is not None  # made above for this profile
         errs = model_errors(frame)
         d.p(
             "Predicted vs measured medians per case (error = (model - measured) / measured), "
@@ -203,7 +248,7 @@ def model_section(d: Doc, run: Run, this: Profile | None, profiles: list[Profile
             else "Every engine's median error is within 20 %."
         )
         d.table(*model_vs_measured(frame))
-    published_section(d)
+    _published_section(d, v)
     d.h(3, "Hardware profiles")
     d.p(
         "From `configs/hardware/*.yaml`; every figure cites shared/reference/figures.md or is "
@@ -227,11 +272,13 @@ def published_summary(path: Path = PUBLISHED) -> str:
 def published_section(d: Doc, path: Path = PUBLISHED) -> None:
     """The model against published GPU-server measurements: the summary, the table with each
     point's hardware, the sources and what was left out (`ckptbench model --validate`)."""
+    _published_section(d, _validation(path))
+
+
+def _published_section(d: Doc, v: Validation | UserError) -> None:
     d.h(3, "Model against published measurements")
-    try:
-        v = validate(path)
-    except UserError as e:
-        d.warn(f"The model against published measurements: not available ({e})")
+    if isinstance(v, UserError):
+        d.warn(f"The model against published measurements: not available ({v})")
         return
     d.p(
         validation_summary(v)

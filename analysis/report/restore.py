@@ -1,5 +1,6 @@
-"""The report's section on restores: how fast each engine read its checkpoint back, against the
-read ceiling that judges it and against the best baseline, and the page cache it left behind.
+"""The report's section on restores: which engine loads fastest, in a sentence, then Figure 12
+and the restore table's first columns (against the read ceiling that judges each engine and
+the best baseline, and the page cache it left behind); every column under All columns.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.report.captions import CAPTIONS
-from analysis.report.doc import Doc
+from analysis.report.doc import Doc, columns
 from analysis.runs import GB, Run
 
 
@@ -60,47 +61,81 @@ def restore_rows(run: Run, table: pd.DataFrame) -> tuple[list[str], list[list[st
     return headers, rows
 
 
+FIRST = [
+    "workload",
+    "SSDs",
+    "engine",
+    "mode",
+    "restore GB/s",
+    "IQR",
+    "restore eff",
+    "x best baseline restore",
+    "page cache left xS",
+]
+
+
+def headline(table: pd.DataFrame) -> str:
+    """The restores in one sentence: the fastest, its case, and against the best baseline."""
+    got = table[table["restore_GBps"].notna()]
+    if got.empty:
+        return "0 restores were timed in this run."
+    best = got.nlargest(1, "restore_GBps").iloc[0]
+    xb = best["x_best_baseline_restore"]
+    return (
+        f"The fastest restore is by {best['engine']}, {best['restore_GBps']:.2f} GB/s from a "
+        f"cold page cache at {stats.case(best)}"
+        + (
+            f", {stats.fmt(xb)}x the best baseline's restore"
+            if math.isfinite(xb) and xb != 1
+            else ""
+        )
+        + "."
+    )
+
+
 def _destination(run: Run) -> str:
     """What the run's restores loaded into (the rows' `restore_into`), in a sentence."""
     into = set(run.ok["restore_into"].dropna()) if "restore_into" in run.ok else set()
-    out = ""
+    out = []
     if into & {"restart", "in-place"}:
-        out += (
-            " A restart (restore_into=restart) loads into the state's own tensors, scrubbed "
+        out.append(
+            "A restart (restore_into=restart) loads into the state's own tensors, scrubbed "
             "first, as a relaunched job loads into the model it built (docs/restore.md)."
         )
     if "fresh" in into:
-        out += (
-            " A fresh restore (restore_into=fresh) loads into memory it allocates: the "
+        out.append(
+            "A fresh restore (restore_into=fresh) loads into memory it allocates: the "
             "first-touch case, whose rate on a VM is often the memory's, not the disk's."
         )
-    return out
+    return " ".join(out)
 
 
 def restore_section(d: Doc, run: Run, table: pd.DataFrame) -> None:
-    """Restore bandwidth per case, its ceiling, its efficiency, x best baseline and the page
-    cache left behind, with Figure 12."""
+    """The answer, what the restores loaded into and what the run lacks, Figure 12, the
+    restore table's first columns (every column under All columns)."""
     d.h(2, "Restores")
+    d.p(headline(table))
     has_ceiling = any(
         stats.read_ceiling_Bps(run.env, run.traits(e), 1) is not None for e in run.engines
     )
-    old = table["restore_cached_bytes"].isna().all()
-    d.p(
-        "A restart reads the last checkpoint back: restore_s = the read into the requested "
-        "device from a cold page cache (the checkpoint's pages evicted first), without the "
-        "engine's own checksum check; restore GB/s = checkpoint bytes / restore_s (median, IQR "
-        "over repetitions). 'read ceiling' = the read the engine is judged against, for the "
-        "targets it read: O_DIRECT for the engines without page cache, a buffered read of a "
-        "cold file for the page-cache paths (the run's best); 'restore eff' = restore GB/s over "
-        "it ('ceiling beaten' above 1.05: the ceiling, not the engine, is then in question). "
-        "'x best baseline restore' = the shortest median restore of the libraries users would "
-        "otherwise pick, on the same workload, over this engine's (> 1: this engine loads "
-        "faster). 'page cache left xS' = the checkpoint's bytes still in the page cache right "
-        "after the restore, in multiples of S: memory the restore took from training that the "
-        "kernel must reclaim (0 for an O_DIRECT read)."
-        + _destination(run)
-        + ("" if has_ceiling else " This run measured no read ceilings: no ceiling or efficiency.")
-        + (" The run predates the page-cache column: n/a." if old else "")
-    )
-    d.table(*restore_rows(run, table))
+    lines = [
+        x
+        for x in (
+            _destination(run),
+            "" if has_ceiling else "This run measured no read ceilings: no ceiling or efficiency.",
+            "The run predates the page-cache column: n/a."
+            if table["restore_cached_bytes"].isna().all()
+            else "",
+        )
+        if x
+    ]
+    if lines:
+        d.p(" ".join(lines))
     d.img("restore.png", CAPTIONS["restore"])
+    d.table(*columns(restore_rows(run, table), FIRST))
+
+
+def restore_columns(d: Doc, run: Run, table: pd.DataFrame) -> None:
+    """The whole restore table."""
+    d.h(3, "Restores, every column")
+    d.table(*restore_rows(run, table))

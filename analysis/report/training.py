@@ -1,5 +1,6 @@
-"""The report's section on a training-loop run (`ckptbench train`): Figure 6, the training
-summary table (analysis.training) and what it says.
+"""The report's section on a training-loop run (`ckptbench train`): what a checkpoint costs the
+loop, in a sentence, then Figure 6, the training summary table (analysis.training), what it
+says and the restart.
 """
 
 from __future__ import annotations
@@ -14,15 +15,38 @@ from analysis.report.doc import Doc
 from bench.common.sizes import format_size
 
 
+def headline(table: pd.DataFrame) -> str:
+    """What a checkpoint costs a real training loop, in one sentence: the engine whose
+    checkpoints inflate the steps least, against its own stall_s."""
+    t = table[(table["engine"] != training.NONE) & table["inflation_s"].notna()]
+    if t.empty:
+        return "0 checkpoints were timed against quiet steps in this loop."
+    r = t.nsmallest(1, "inflation_s").iloc[0]
+    ratio = (
+        f" ({r['inflation_s'] / r['stall_s']:.1f}x its {stats.fmt(r['stall_s'])} s stall_s)"
+        if math.isfinite(r["stall_s"]) and r["stall_s"] > 0
+        else ""
+    )
+    return (
+        f"In a real training loop {r['label']} costs training least, "
+        f"{stats.fmt(r['inflation_s'])} s of step time a checkpoint against its quiet "
+        f"steps{ratio}."
+    )
+
+
 def training_section(d: Doc, tr: training.TrainingRun) -> None:
-    """Figure 6, the training summary table and what it says."""
+    """The answer, the loop's caveats, Figure 6, the training summary table, what it says, the
+    restart table."""
     table = training.summary(tr)
     cfg = tr.env.get("config", {})
     m = cfg.get("model", {})
     info = tr.env.get("training", {})
     d.h(2, "Stall in a real training loop")
+    d.p(headline(table))
     for n in training.notes(tr):
         d.warn(n)
+    d.img("training_stall.png", CAPTIONS["training_stall"])
+    d.table(*training.summary_rows(table))
     if m:
         d.p(
             f"A {m.get('n_layers')}-layer transformer (d_model {m.get('d_model')}, vocab "
@@ -31,17 +55,10 @@ def training_section(d: Doc, tr: training.TrainingRun) -> None:
             f"{cfg.get('steps')} timed steps per engine with a save every "
             f"{cfg.get('checkpoint_every')} steps of the model and optimizer state "
             f"({format_size(int(info.get('state_bytes', 0)))}); torch threads "
-            f"{info.get('torch_threads', '?')}."
+            f"{info.get('torch_threads', '?')}. The step-time inflation is what training "
+            "really feels: the engine's stall plus the contention the background persist "
+            "causes in the steps beside it."
         )
-    d.p(
-        "The step-time inflation is what training really feels: the engine's stall plus the "
-        "contention the background persist causes in the steps that run beside it (GIL, memory "
-        "bandwidth, the writer threads' CPU time); it is compared here with the engine-level "
-        "stall_s. Two estimates per checkpoint: against `none` (sum of the engine's step times - "
-        "sum of none's), and against the engine's own quiet steps (neither a save nor beside a "
-        "persist), which the drift of the machine's speed between the engines' runs does not "
-        "reach. Times in seconds; stall_s and durable s are medians over the timed saves."
-    )
     said = []
     for _, r in table[table["engine"] != training.NONE].iterrows():
         if math.isfinite(r["inflation_s"]) and math.isfinite(r["stall_s"]) and r["stall_s"] > 0:
@@ -54,18 +71,10 @@ def training_section(d: Doc, tr: training.TrainingRun) -> None:
         d.p("Measured, per checkpoint against the quiet steps: " + "; ".join(said) + ".")
     for note in training.drift_notes(table):
         d.p(f"Note: {note}.")
-    d.table(*training.summary_rows(table))
     restart = restart_rows(tr)
     if restart[1]:
-        d.p(
-            "The restart, from a failure to the first training step after the load: the last "
-            "checkpoint loaded with the page cache dropped, load_state_dict into a fresh model "
-            "and optimizer (built before the clock starts), and one training step, device "
-            "synchronised; the harness's clock, one restart per engine. `losses match`: the "
-            "first steps after it had the uninterrupted run's losses, bit for bit."
-        )
+        d.p("The restart, from a failure to the first training step after the load:")
         d.table(*restart)
-    d.img("training_stall.png", CAPTIONS["training_stall"])
 
 
 def restart_rows(tr: training.TrainingRun) -> tuple[list[str], list[list[str]]]:
