@@ -4,7 +4,7 @@ itself, in one alternating run (`make peers`).
 Every method saves the same state (random bytes, 64 MiB tensors) into one target, one after the
 other, repetition by repetition: the page cache dropped before every save (when root), every save
 durable (fsync). Then each restores as its best user restarts (bench.run.restart, timed by
-bench.run.rows.restore_phase): into the state's own tensors, scrubbed first, its pages evicted;
+bench.run.protocol.restore_phase): into the state's own tensors, scrubbed first, its pages evicted;
 in place where its API can, else its loader and the copy into the state; checked against the
 source's fingerprints. Beside them fio writes the same number of bytes with O_DIRECT (libaio,
 queue depth 16, 8 MiB blocks, end_fsync) into a preallocated file and reads them back with
@@ -109,7 +109,7 @@ def builtin_read(target: str, nbytes: int) -> float:
 
 
 def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep: int) -> Any:
-    """One restart of checkpoint `name` into `state` (bench.run.rows.restore_phase: scrubbed,
+    """One restart of checkpoint `name` into `state` (bench.run.protocol.restore_phase: scrubbed,
     evicted, the load timed, the destination checked against `want`); its row."""
     n, total = phases.tensor_stats(state)
     row = results.Row(
@@ -203,7 +203,7 @@ def main() -> int:
             }
         )
         for name, label, eng in made:
-            gc.collect()  # the last restore's garbage is not this save's (bench.run.rows.save_phase)
+            gc.collect()  # the last restore's garbage is not this save's (bench.run.protocol.save_phase)
             measure.drop_page_cache()
             # The harness's clock around the save, as in a sweep (bench.measure.clock)
             timed = clock.clocked(eng).save(state, f"peers-{rep}")

@@ -10,7 +10,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -31,6 +31,9 @@ from bench.measure.ceilings import (
 from bench.run.core import Core
 from bench.run.plan import Group, RunPlan, Workload
 
+if TYPE_CHECKING:
+    from bench.common.devices import Device
+
 
 def grids(spec: config_mod.CeilingSpec) -> dict[Kind, list[tuple[int, int]]]:
     """The searches the config asks for, by kind of ceiling: (writers per target, depth); the
@@ -48,12 +51,11 @@ def grids(spec: config_mod.CeilingSpec) -> dict[Kind, list[tuple[int, int]]]:
 class CeilingRunner:
     """Measures the ceilings of one run on its plan's targets and device."""
 
-    def __init__(self, cfg: config_mod.Config, device: Any, core: Core, plan: RunPlan) -> None:
+    def __init__(self, cfg: config_mod.Config, device: Device, core: Core, plan: RunPlan) -> None:
         self.cfg = cfg
         self.device = device
         self.core = core
-        self.plan = plan
-        self.cache_dropped = False  # the page cache is dropped between cases (the sweep says)
+        self.plan = plan  # decided (bench.run.decide): its targets and page-cache policy
         self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
 
     def measure(self, wls: list[Workload], again: Ceilings | None = None) -> Ceilings | None:
@@ -86,7 +88,7 @@ class CeilingRunner:
                 f"(at most {runs * spec.max_seconds / 60:.1f} min of I/O, plus fsync), "
                 "then a memory copy"
             )
-            drop = measure.drop_page_cache if self.cache_dropped else None
+            drop = measure.drop_page_cache if self.plan.cache_dropped else None
             bar = tqdm(
                 total=runs,
                 unit="run",
