@@ -35,6 +35,7 @@ from bench.common import cudasync, devices, sizes
 from bench.measure import ceiling, ceilings, clock, env, results, witness
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings, Measured, Method
+from bench.run import protocol
 from bench.run import rows as phases
 from bench.storage import verify
 from bench.workloads import synthetic_state
@@ -130,7 +131,7 @@ def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep
         options=phases.options_json(eng),
     )
     try:
-        phases.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
+        protocol.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
     except Exception as e:  # the row says it, the table counts it as unverified
         row.error, row.verified = phases.error_text(e), False
     return row
@@ -203,7 +204,8 @@ def main() -> int:
             }
         )
         for name, label, eng in made:
-            gc.collect()  # the last restore's garbage is not this save's (bench.run.protocol.save_phase)
+            # the last restore's garbage is not this save's (bench.run.protocol.save_phase)
+            gc.collect()
             measure.drop_page_cache()
             # The harness's clock around the save, as in a sweep (bench.measure.clock)
             timed = clock.clocked(eng).save(state, f"peers-{rep}")

@@ -283,7 +283,8 @@ class Core:
             for r in rows:
                 self.writers[file].write(r)
 
-    def progress(self, total: int, unit: str, done: int = 0) -> None:
+    def progress(self, total: int, unit: str, done: int = 0) -> tqdm[Any]:
+        """The run's progress bar (silent when quiet), `done` of `total` already."""
         self.bar = tqdm(
             total=total,
             unit=unit,
@@ -292,6 +293,7 @@ class Core:
             dynamic_ncols=True,
             initial=done,
         )
+        return self.bar
 
     def close(self) -> None:
         if self.bar is not None:

@@ -139,11 +139,11 @@ def judge(run: Inputs, p: RunPlan) -> RunPlan:
                 verdicts[(wl.id, g.key, v.engine)] = v
     if run.ranked:  # refused anywhere, refused everywhere
         refused = {
-            k
+            (wid, gkey, e)
             for got in w.all_gather(
                 [k for k, v in verdicts.items() if v.restore is None], "the preflight"
             )
-            for k in map(tuple, got)
+            for wid, gkey, e in got
         }
         for k in refused:
             if verdicts[k].restore is not None:

@@ -24,6 +24,8 @@ from bench.workloads import mlperf as mlperf_mod
 from bench.workloads.presets import PRESETS
 
 if TYPE_CHECKING:
+    import torch
+
     from bench.engines.base import StateSize
 
 
@@ -77,7 +79,7 @@ class Workload:
     def build(
         self,
         cfg: config_mod.Config,
-        device: Any,
+        device: torch.device,
         total: int | None = None,
         seed: int = 0,
         rank: int = 0,

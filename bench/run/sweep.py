@@ -2,8 +2,10 @@
 every rank of a torchrun job, through one case loop on the run core (bench.run.core).
 
 Decide, then run: the run's plan is decided whole and frozen first (bench.run.decide), and every
-step after it reads that plan and changes nothing in it. For each group of targets (bench.run.plan: SSD count; under torchrun also the mapping of ranks to
-targets and how many ranks checkpoint at once), for each workload: build the state (a rank's
+step after it reads that plan and changes nothing in it.
+
+For each group of targets (bench.run.plan: SSD count; under torchrun also the mapping of ranks
+to targets and how many ranks checkpoint at once), for each workload: build the state (a rank's
 shard of it under torchrun), warm every engine for it outside the timed region, drop the page
 cache (root), then run the repetitions with the engines alternating, warm-ups first and flagged.
 Each repetition: every rank passes a barrier, the active ones save and wait until durable, pass a
