@@ -32,14 +32,12 @@ if TYPE_CHECKING:
 
 
 class CaseRunner:
-    """Runs the cases of one run's plan as this rank (see the module)."""
+    """Runs the cases of one run's plan as this rank (see the module): `ctx` holds the config,
+    the world, the device, the core and the decided plan; `ceilings` are the run's, `host` its
+    idle baseline, `probes` measures the ceilings between warm-ups and timed saves."""
 
     def __init__(
         self,
-        cfg: config_mod.Config,
-        device: Device,
-        core: Core,
-        the_plan: RunPlan,
         ctx: dist.RankContext,
         *,
         ranked: bool,
@@ -47,11 +45,11 @@ class CaseRunner:
         host: hostcost.Host,
         probes: CeilingRunner,
     ) -> None:
-        self.cfg = cfg
-        self.device = device
-        self.core = core
-        self.world = core.world
-        self.plan = the_plan
+        self.cfg: config_mod.Config = ctx.cfg
+        self.device: Device = ctx.device
+        self.core: Core = ctx.core
+        self.world = ctx.world
+        self.plan: RunPlan = ctx.plan
         self.ctx = ctx
         self.ranked = ranked
         self.ceilings = ceilings

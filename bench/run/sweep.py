@@ -104,7 +104,7 @@ class Sweep:
         probes = CeilingRunner(self.cfg, self.device, self.core, the_plan)
         self._environment(the_plan)
         self.ceilings = self._ceilings(the_plan, probes)
-        self._ranks_block(the_plan, ctx)
+        self._write_environment(the_plan, ctx)
         self.host = self._host_at_rest()
         n_saves = self._announce(the_plan)
         try:
@@ -140,7 +140,7 @@ class Sweep:
                 "the kernel's DAMON pages out cold memory in the background (a pageout "
                 "scheme): page-cache rates and a restore of older files may move with it"
             )
-        envb["preflight"] = self.preflight_block
+        envb["preflight"] = dict(the_plan.preflight)
         if cfg.mlperf is not None:
             envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
 
@@ -166,9 +166,9 @@ class Sweep:
         kept = w.all_gather(kept, "the ceilings")[0]
         return Ceilings.from_json(kept) if kept else None
 
-    def _ranks_block(self, the_plan: RunPlan, ctx: dist.RankContext) -> None:
-        """Rank 0: env.json with the ranks block under torchrun (who ran where, on which
-        targets)."""
+    def _write_environment(self, the_plan: RunPlan, ctx: dist.RankContext) -> None:
+        """Rank 0: env.json as it stands before the first save, with the ranks block under
+        torchrun (who ran where, on which targets)."""
         if self.world.rank != 0:
             return
         if self.ranked:
@@ -230,10 +230,6 @@ class Sweep:
         w, core = self.world, self.core
         core.progress(n_saves, "ckpt" if self.ranked else "save", len(the_plan.done))
         cases = CaseRunner(
-            self.cfg,
-            self.device,
-            core,
-            the_plan,
             ctx,
             ranked=self.ranked,
             ceilings=self.ceilings,
