@@ -36,7 +36,7 @@ from bench.measure import ceiling, ceilings, clock, env, results, witness
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings, Measured, Method
 from bench.run import protocol
-from bench.run import rows as phases
+from bench.run import rows as rowlib
 from bench.storage import verify
 from bench.workloads import synthetic_state
 
@@ -112,7 +112,7 @@ def builtin_read(target: str, nbytes: int) -> float:
 def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep: int) -> Any:
     """One restart of checkpoint `name` into `state` (bench.run.protocol.restore_phase: scrubbed,
     evicted, the load timed, the destination checked against `want`); its row."""
-    n, total = phases.tensor_stats(state)
+    n, total = rowlib.tensor_stats(state)
     row = results.Row(
         run_id="peers",
         case_id=name,
@@ -128,12 +128,12 @@ def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep
         warmup=False,
         cache_dropped=True,
         dtype="float32",
-        options=phases.options_json(eng),
+        options=rowlib.options_json(eng),
     )
     try:
         protocol.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
     except Exception as e:  # the row says it, the table counts it as unverified
-        row.error, row.verified = phases.error_text(e), False
+        row.error, row.verified = rowlib.error_text(e), False
     return row
 
 
