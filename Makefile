@@ -29,7 +29,7 @@ help:
 	@echo "make test     mypy, then the tests"
 	@echo "make engines  list the engines and whether each runs here"
 	@echo "make lint     ruff check + format check"
-	@echo "make columns  write README.md's columns tables from the row types"
+	@echo "make columns  write docs/results.md's columns tables from the row types"
 	@echo "make report   figures and report.md of the latest run (make plots: figures only)"
 	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
 	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
@@ -71,7 +71,7 @@ format: $(BIN)/.installed
 	$(BIN)/ruff format bench analysis tests scripts
 	$(BIN)/ruff check --fix bench analysis tests scripts
 
-# README.md's columns tables, from the row types of bench/measure/results.py.
+# docs/results.md's columns tables, from the row types of bench/measure/results.py.
 columns: $(BIN)/.installed
 	$(BIN)/python scripts/columns.py
 

@@ -15,6 +15,7 @@ named in one note.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -286,6 +287,23 @@ def _numbers(r: Mapping[Any, Any]) -> list[str]:
 DURABLE = {True: "yes", False: "no", None: "unknown"}
 
 
+def _too_few(table: pd.DataFrame) -> str:
+    """A sentence for the cases with too few repetitions for any verdict: the smallest two-sided
+    Mann-Whitney p of n and m samples is 2 / C(n+m, n) (0.1 at 3 a side, 0.029 at 4)."""
+    low = [
+        (int(a), int(b))
+        for a, b in zip(table["n_a"], table["n_b"], strict=True)
+        if 2 / math.comb(int(a) + int(b), int(a)) >= 0.05
+    ]
+    if not low:
+        return ""
+    a, b = min(low, key=sum)
+    return (
+        f" {len(low)} of {len(table)} cases have so few repetitions (as few as {a} and {b}) that "
+        "p cannot fall below 0.05, so they are never called significant: run 5 or more."
+    )
+
+
 def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     _, unit, _ = METRICS[c.metric]
     headers = [
@@ -428,8 +446,7 @@ def write(c: Comparison, outdir: str) -> list[str]:
             f"Metric: {unit} ({col}). Ratio = median of the run / median of A, with a 95% "
             "percentile-bootstrap interval (scipy.stats.bootstrap, 4000 resamples) and a "
             "two-sided Mann-Whitney U p-value; 'not significant' unless the interval excludes 1 "
-            "and p < 0.05. With 3 repetitions a side p cannot fall below 0.1, so nothing is "
-            "called significant: run 5 or more repetitions to resolve differences."
+            "and p < 0.05." + _too_few(c.table)
         )
         d.table(*table_rows(c))
     if c.warnings:

@@ -1,4 +1,4 @@
-"""Write the columns tables of README.md again from the row types (bench.measure.results):
+"""Write the columns tables of docs/results.md again from the row types (bench.measure.results):
 `make columns` after adding or changing a column. `--check` only says whether they differ
 (exit 1), as tests/test_results.py does."""
 
@@ -10,22 +10,22 @@ from pathlib import Path
 
 from bench.measure import columns, results
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--check", action="store_true", help="exit 1 if a table differs, write nothing")
     args = ap.parse_args()
-    text = README.read_text()
+    text = PAGE.read_text()
     new = columns.render_docs(text, results.DOCS)
     if new == text:
         return 0
     if args.check:
-        print(f"{README.name}: a columns table differs from its row type; run make columns")
+        print(f"docs/{PAGE.name}: a columns table differs from its row type; run make columns")
         return 1
-    README.write_text(new)
-    print(f"{README.name}: columns tables written")
+    PAGE.write_text(new)
+    print(f"docs/{PAGE.name}: columns tables written")
     return 0
 
 

@@ -6,7 +6,7 @@
 It reads configs/gpu-check.yaml with the run's own `--set` overrides, so it sees what the run
 will see: the targets, their write caps, the device, the engines, the sizes, the ceilings. Then,
 in a few seconds, it measures what the first target takes, with the ceilings' own probe
-(bench.measure.ceiling.builtin_write, paced by the target's cap as the engines pace it):
+(bench.measure.ceilings.builtin.builtin_write, paced by the target's cap as the engines pace it):
 O_DIRECT write where the target's folder accepts O_DIRECT (bench.storage.odirect.probe), else
 buffered write + fsync; and, on the run's device, what the rest of a case costs per byte: a
 memory copy, building a synthetic state, making staging, comparing a restore and a checksum.
@@ -62,7 +62,8 @@ from bench.common.errors import UserError  # noqa: E402
 from bench.common.sizes import format_size, parse_size  # noqa: E402
 from bench.config import sweep as config_mod  # noqa: E402
 from bench.engines import REGISTRY  # noqa: E402
-from bench.measure import ceiling  # noqa: E402
+from bench.measure.ceilings.builtin import builtin_write  # noqa: E402
+from bench.measure.ceilings.measure import PROBE_COPY_BYTES, probe_bytes  # noqa: E402
 from bench.run import plan as plan_mod  # noqa: E402
 from bench.storage import checksums, odirect, staging, verify  # noqa: E402
 from bench.workloads import synthetic_state  # noqa: E402
@@ -149,7 +150,7 @@ def measure(cfg: config_mod.Config, seconds: float = PROBE_S) -> Disk:
     nbytes = max(block, min(PROBE_BYTES, free // 4) // block * block)
     direct = refused is None
     t0 = time.perf_counter()
-    bw = ceiling.builtin_write(
+    bw = builtin_write(
         [target],
         nbytes,
         block,
@@ -162,7 +163,7 @@ def measure(cfg: config_mod.Config, seconds: float = PROBE_S) -> Disk:
     probe_s = time.perf_counter() - t0
     # One writer through the page cache, then fsync: what torch.save and the other page-cache
     # paths do. Its file is small: the fsync drains whatever the page cache took.
-    buffered = ceiling.builtin_write(
+    buffered = builtin_write(
         [target], min(nbytes, BUFFERED_BYTES), block, False, 1, 1, [cap], seconds / 2
     )
     n = SAMPLE_BYTES
@@ -227,12 +228,12 @@ def ceilings_s(spec: config_mod.CeilingSpec, ceil: dict, nbytes: int, disk: Disk
     serialisation (3) besides."""
     if not ceil:
         return 0.0
-    total = ceiling.probe_bytes(nbytes, spec.min_bytes, spec.max_bytes)
+    total = probe_bytes(nbytes, spec.min_bytes, spec.max_bytes)
     reps = ceil["repetitions"]
     direct = (len(ceil["direct_search"]) if len(ceil["direct_search"]) > 1 else 0) + reps
     buffered = (len(ceil["buffered_jobs"]) if len(ceil["buffered_jobs"]) > 1 else 0) + reps
     one = total / disk.write_Bps
-    copies = 6 * min(nbytes, ceiling.PROBE_COPY_BYTES) + 6 * min(nbytes, 256 << 20)
+    copies = 6 * min(nbytes, PROBE_COPY_BYTES) + 6 * min(nbytes, 256 << 20)
     storage = direct * (min(one, spec.max_seconds) + 0.5) + buffered * (one + 0.5)
     reads = storage + one if ceil.get("reads", True) else 0.0
     return storage + reads + copies / disk.memory_Bps + 2

@@ -32,9 +32,12 @@ from typing import Any
 
 from bench import engines
 from bench.common import cudasync, devices, sizes
-from bench.measure import ceiling, ceilings, clock, env, results, witness
+from bench.measure import ceilings, clock, env, results, witness
 from bench.measure import timers as measure
-from bench.measure.ceilings import Ceilings, Measured, Method
+from bench.measure.ceilings import Ceilings, Measured, Method, builtin
+from bench.measure.ceilings.data import make_read_files, remove_files
+from bench.measure.ceilings.fio import fio_env, fio_version
+from bench.measure.ceilings.memory import copy_bandwidth, d2h_bandwidth
 from bench.run import protocol
 from bench.run import rows as rowlib
 from bench.storage import verify
@@ -57,7 +60,7 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
 def fio_disk(target: str, nbytes: int) -> tuple[float, float]:
     """Seconds fio takes to write `nbytes` with O_DIRECT, libaio qd16, 8 MiB blocks, end_fsync,
     into a preallocated file, from buffers on huge pages as cpu-single's staging
-    (bench.measure.ceiling.fio_env); then to read them back the same way, the file's pages
+    (bench.measure.ceilings.fio.fio_env); then to read them back the same way, the file's pages
     dropped first (`invalidate=1`)."""
     path = os.path.join(target, ".ckptbench-peers-fio")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -91,22 +94,22 @@ def _fio(path: str, nbytes: int, rw: str) -> float:
         text=True,
         timeout=600,
         check=True,
-        env=ceiling.fio_env()[0],
+        env=fio_env()[0],
     )
     w = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0][rw]
     return float(w["runtime"]) / 1e3
 
 
 def builtin_read(target: str, nbytes: int) -> float:
-    """Seconds the built-in read ceiling (bench.measure.ceiling.builtin_read) takes to read
-    `nbytes` back with O_DIRECT, 16 reads of 8 MiB in flight, from a file it wrote first
+    """Seconds the built-in read ceiling (bench.measure.ceilings.builtin.builtin_read) takes to
+    read `nbytes` back with O_DIRECT, 16 reads of 8 MiB in flight, from a file it wrote first
     (untimed): the disk's read where fio is not installed."""
     block = 8 << 20
-    files = ceiling._read_files([target], max(block, nbytes // block * block), block)
+    files = make_read_files([target], max(block, nbytes // block * block), block)
     try:
-        return nbytes / ceiling.builtin_read(files, nbytes, block, True, 1, 16)
+        return nbytes / builtin.builtin_read(files, nbytes, block, True, 1, 16)
     finally:
-        ceiling._remove(files)
+        remove_files(files)
 
 
 def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep: int) -> Any:
@@ -139,9 +142,9 @@ def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep
 
 def copy_ceilings(size: int, dev: devices.Device, threads: int) -> Ceilings:
     """The copy ceiling of one repetition (and on CUDA the device-to-host one), best of 5."""
-    host = {ceilings.COPY: Measured.best_of(ceiling.copy_bandwidth(size, threads=threads))}
+    host = {ceilings.COPY: Measured.best_of(copy_bandwidth(size, threads=threads))}
     if dev.is_cuda:
-        host[ceilings.D2H] = Measured.best_of(ceiling.d2h_bandwidth(size, dev))
+        host[ceilings.D2H] = Measured.best_of(d2h_bandwidth(size, dev))
     return Ceilings(host=host, method=Method(copy_threads=threads))
 
 
@@ -180,7 +183,7 @@ def main() -> int:
         eng = engines.create(name, [a.target], **opts)
         eng.warm(state)
         made.append((name, label, eng))
-    has_fio = ceiling.fio_version() is not None
+    has_fio = fio_version() is not None
     threads = min(os.cpu_count() or 1, 8)
     copies: list[Ceilings] = []
     run_id, run_dir = results.new_run_dir(a.output, "peers")
@@ -287,14 +290,14 @@ def main() -> int:
         **({"cuda_sync": sync} if dev.is_cuda else {}),
     )
     if has_fio:
-        envb["fio_buffers"] = ceiling.fio_env()[1]
+        envb["fio_buffers"] = fio_env()[1]
     results.write_json(os.path.join(run_dir, "env.json"), envb)
     copy_s = [size / c.host[ceilings.COPY].Bps for c in copies]
     print(
         f"\n{sizes.format_size(size)} of {a.tensor} tensors, one target, {a.reps} alternating "
         f"repetitions ({dev.kind}); copy ceiling {min(copy_s):.3f}-{max(copy_s):.3f} s "
         f"({threads} threads, measured in every repetition)"
-        + (f"; fio writes from {ceiling.fio_env()[1]}" if has_fio else "")
+        + (f"; fio writes from {fio_env()[1]}" if has_fio else "")
     )
     print("| method | stall s | durable s | median GB/s to durability |")
     print("|---|---|---|---|")

@@ -294,7 +294,7 @@ def test_efficiencies_use_the_one_definition_and_the_best_ceilings(run: runs.Run
 
 
 def test_ceilings_per_ssd_count() -> None:
-    # the shape bench/measure/ceiling.py writes: aggregates measured with n targets at once
+    # the shape bench/measure/ceilings/ writes: aggregates measured with n targets at once
     env = {
         "ceilings": {
             "tool": "builtin",

@@ -1,8 +1,11 @@
-"""Device ceilings (bench.measure.ceiling): the storage probes write real files and clean up, honour
-write caps, repeat and keep every run; rows get their efficiencies from them."""
+"""Device ceilings (bench.measure.ceilings: fio, builtin, memory, measure): the storage probes
+write real files and clean up, honour write caps, repeat and keep every run; rows get their
+efficiencies from them."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import statistics
@@ -17,7 +20,7 @@ import pytest
 from bench.common import devices
 from bench.common.traits import BUILTIN
 from bench.config import sweep as config
-from bench.measure import ceiling, efficiency, timers
+from bench.measure import efficiency, timers
 from bench.measure.ceilings import (
     BUFFERED_READ,
     BUFFERED_WRITE,
@@ -30,12 +33,18 @@ from bench.measure.ceilings import (
     SERIALIZE,
     Ceilings,
     Writers,
+    builtin,
+    data,
+    fio,
+    memory,
 )
+from bench.measure.ceilings import measure as ceiling_measure
+from bench.measure.ceilings.measure import Options
 from bench.run import rows
 from bench.storage import odirect
 
 MiB = 1 << 20
-WRITERS = [ceiling.builtin_write] + ([ceiling.fio_write] if ceiling.fio_version() else [])
+WRITERS = [builtin.builtin_write] + ([fio.fio_write] if fio.fio_version() else [])
 
 
 def _dirs(scratch: Path, n: int) -> list[str]:
@@ -53,10 +62,12 @@ def _dirs(scratch: Path, n: int) -> list[str]:
 @pytest.mark.parametrize("write", WRITERS, ids=lambda w: w.__name__)
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool, jobs: int) -> None:
+def test_probe_writes_and_removes_its_files(
+    scratch: Path, monkeypatch, write, direct: bool, jobs: int
+) -> None:
     dirs = _dirs(scratch, 2)
     seen = []
-    real = ceiling._files
+    real = data.make_files
 
     def files(targets: list[str], share: int) -> list[str]:
         out = real(targets, share)
@@ -64,11 +75,9 @@ def test_probe_writes_and_removes_its_files(scratch: Path, write, direct: bool, 
         seen.append([(os.path.getsize(p), os.stat(p).st_blocks * 512) for p in out])
         return out
 
-    ceiling._files = files
-    try:
-        bw = write(dirs, 8 * MiB, MiB, direct, jobs, 4)
-    finally:
-        ceiling._files = real
+    # the writer's own module makes its files (fio or builtin)
+    monkeypatch.setattr(inspect.getmodule(write), "make_files", files)
+    bw = write(dirs, 8 * MiB, MiB, direct, jobs, 4)
     assert seen == [[(8 * MiB, 8 * MiB)] * 2]
     # A real write of 2 x 8 MiB to durability: positive and below any memory bandwidth.
     assert 1e6 < bw < 200e9
@@ -80,23 +89,23 @@ def test_fio_env_asks_glibc_for_huge_pages(monkeypatch) -> None:
     from bench.measure import env as env_mod
 
     monkeypatch.setattr(env_mod, "thp_mode", lambda: "madvise")
-    monkeypatch.setattr(ceiling, "_glibc_version", lambda: (2, 36))
+    monkeypatch.setattr(fio, "_glibc_version", lambda: (2, 36))
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-    env, pages = ceiling.fio_env()
+    env, pages = fio.fio_env()
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     assert pages == "transparent huge pages (glibc.malloc.hugetlb=1)"
     monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])
-    assert ceiling.fio_env()[0]["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]  # not twice
+    assert fio.fio_env()[0]["GLIBC_TUNABLES"] == env["GLIBC_TUNABLES"]  # not twice
     monkeypatch.delenv("GLIBC_TUNABLES")
-    assert ceiling.fio_env()[0]["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert fio.fio_env()[0]["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
 
     monkeypatch.setattr(env_mod, "thp_mode", lambda: "never")
-    env, pages = ceiling.fio_env()
+    env, pages = fio.fio_env()
     assert "GLIBC_TUNABLES" not in env
     assert pages == "4 KiB pages (transparent huge pages: never)"
     monkeypatch.setattr(env_mod, "thp_mode", lambda: "always")
-    monkeypatch.setattr(ceiling, "_glibc_version", lambda: (2, 31))
-    env, pages = ceiling.fio_env()
+    monkeypatch.setattr(fio, "_glibc_version", lambda: (2, 31))
+    env, pages = fio.fio_env()
     assert "GLIBC_TUNABLES" not in env and "glibc 2.35" in pages
 
 
@@ -109,7 +118,7 @@ def test_the_glibc_tunable_puts_malloc_memory_on_huge_pages() -> None:
 
     from bench.measure import env as env_mod
 
-    env, pages = ceiling.fio_env()
+    env, pages = fio.fio_env()
     if not pages.startswith("transparent"):
         pytest.skip(f"no huge pages for malloc here: {pages}")
     child = (
@@ -132,12 +141,12 @@ def test_the_glibc_tunable_puts_malloc_memory_on_huge_pages() -> None:
         assert huge_kb(plain) == 0
 
 
-@pytest.mark.skipif(not ceiling.fio_version(), reason="fio is not installed")
+@pytest.mark.skipif(not fio.fio_version(), reason="fio is not installed")
 def test_fio_queues_no_deeper_than_a_writer_has_blocks(scratch: Path, monkeypatch) -> None:
     """fio allocates depth x block per writer: a queue deeper than the writer's blocks would
     only fault in memory (GiBs at depth 32 over 16 MiB blocks)."""
     dirs = _dirs(scratch, 2)
-    real = ceiling.subprocess.run
+    real = fio.subprocess.run
     cmds: list[list[str]] = []
 
     envs: list[dict[str, str]] = []
@@ -147,13 +156,13 @@ def test_fio_queues_no_deeper_than_a_writer_has_blocks(scratch: Path, monkeypatc
         envs.append(k.get("env"))
         return real(cmd, *a, **k)
 
-    monkeypatch.setattr(ceiling.subprocess, "run", spy)
+    monkeypatch.setattr(fio.subprocess, "run", spy)
     # 8 MiB per target, 2 writers each: 4 blocks of 1 MiB per writer.
-    assert ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 32) > 1e6
-    assert ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 2) > 1e6
+    assert fio.fio_write(dirs, 8 * MiB, MiB, True, 2, 32) > 1e6
+    assert fio.fio_write(dirs, 8 * MiB, MiB, True, 2, 2) > 1e6
     depths = [[a for a in c if a.startswith("--iodepth=")] for c in cmds]
     assert depths == [["--iodepth=4"] * 2, ["--iodepth=2"] * 2]
-    assert envs == [ceiling.fio_env()[0]] * 2  # its buffers on huge pages where they can be
+    assert envs == [fio.fio_env()[0]] * 2  # its buffers on huge pages where they can be
 
 
 def test_probe_honours_write_caps(scratch: Path) -> None:
@@ -164,7 +173,7 @@ def test_probe_honours_write_caps(scratch: Path) -> None:
     dirs = _dirs(scratch, 2)
     cap = 16_000_000
     t0 = time.perf_counter()
-    bw = ceiling.builtin_write(dirs, 8 * MiB, MiB, True, 1, 2, [cap, cap])
+    bw = builtin.builtin_write(dirs, 8 * MiB, MiB, True, 1, 2, [cap, cap])
     elapsed = time.perf_counter() - t0
     assert elapsed >= 7 * MiB / cap
     assert bw <= 2 * cap * 8 / 7
@@ -173,7 +182,7 @@ def test_probe_honours_write_caps(scratch: Path) -> None:
 def test_fio_gets_the_caps_as_rate_limits(scratch: Path, fake_fio) -> None:
     """A capped target's writers share its cap through fio's `rate`; an uncapped one has none."""
     dirs = _dirs(scratch, 2)
-    ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 8, [16_000_000, None])
+    fio.fio_write(dirs, 8 * MiB, MiB, True, 2, 8, [16_000_000, None])
     (args,) = fake_fio.calls()
     jobs: list[list[str]] = []
     for a in args:
@@ -207,8 +216,8 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
     writes: list[tuple[int, float | None]] = []
     copies: list[int] = []
     reads: list[tuple[int, float | None]] = []
-    real_write, real_read = ceiling.builtin_write, ceiling.builtin_read
-    real_copy = ceiling.copy_bandwidth
+    real_write, real_read = builtin.builtin_write, builtin.builtin_read
+    real_copy = memory.copy_bandwidth
 
     def read(files, share, block, direct, jobs, depth, seconds=None):  # type: ignore[no-untyped-def]
         reads.append((share * len(files), seconds))
@@ -222,18 +231,19 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
         copies.append(nbytes)
         return real_copy(nbytes, *a, **k)
 
-    monkeypatch.setattr(ceiling, "builtin_write", write)
-    monkeypatch.setattr(ceiling, "builtin_read", read)
-    monkeypatch.setattr(ceiling, "copy_bandwidth", copy)
-    monkeypatch.setattr(ceiling, "PROBE_COPY_BYTES", 4 * MiB)
+    # where measure looks them up
+    monkeypatch.setattr(ceiling_measure, "builtin_write", write)
+    monkeypatch.setattr(ceiling_measure, "builtin_read", read)
+    monkeypatch.setattr(ceiling_measure, "copy_bandwidth", copy)
+    monkeypatch.setattr(ceiling_measure, "PROBE_COPY_BYTES", 4 * MiB)
     seen: list[str] = []
     grids = {DIRECT_WRITE: [(1, 2), (2, 2)], BUFFERED_WRITE: [(1, 1), (2, 1)]}
-    out = ceiling.measure(
-        dirs,
-        [1, 2],
-        40 << 30,
-        MiB,
-        devices.detect("host-emulated"),
+    options = Options(
+        targets=dirs,
+        ssd_counts=[1, 2],
+        checkpoint_bytes=40 << 30,
+        block=MiB,
+        device=devices.detect("host-emulated"),
         use_fio=False,
         repetitions=2,
         min_bytes=4 * MiB,
@@ -243,35 +253,39 @@ def test_ceilings_of_a_huge_checkpoint_cost_what_a_small_ones_do(scratch: Path, 
         grids=grids,
         progress=seen.append,
     )
+    out = ceiling_measure.measure(options)
     assert {n for n, _ in writes + reads} == {8 * MiB}
     assert {s for _, s in writes + reads} == {30.0}
     assert len(writes) == len(reads) == 16
-    assert len(seen) == ceiling.storage_runs([1, 2], grids, 2) == 32
-    assert ceiling.storage_runs([1, 2], grids, 2, searched=False) == 16
-    assert ceiling.storage_runs([1, 2], grids, 2, reads=False) == 16
+    assert len(seen) == options.storage_runs() == 32
+    assert dataclasses.replace(options, configs=out.chosen()).storage_runs() == 16  # no search
+    assert dataclasses.replace(options, reads=False).storage_runs() == 16
+    assert options.storage_bytes() == 8 * MiB
     assert copies == [4 * MiB] and out.method.checkpoint_bytes == 40 << 30
     assert out.method.max_bytes == 8 * MiB and out.counts[2].file_bytes == 4 * MiB
     assert seen[0].startswith("direct write x1: ") and seen[-1].startswith("buffered read x2: ")
     assert not [p for d in dirs for p in Path(d).iterdir()]  # every file made was removed
-    assert ceiling.probe_bytes(100, 4 * MiB, 8 * MiB) == 4 * MiB  # at least min_bytes
-    assert ceiling.probe_bytes(6 * MiB, 4 * MiB, 8 * MiB) == 6 * MiB
+    assert ceiling_measure.probe_bytes(100, 4 * MiB, 8 * MiB) == 4 * MiB  # at least min_bytes
+    assert ceiling_measure.probe_bytes(6 * MiB, 4 * MiB, 8 * MiB) == 6 * MiB
 
 
 def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
     dirs = _dirs(scratch, 2)
     drops = []
-    out = ceiling.measure(
-        dirs,
-        [1, 2],
-        8 * MiB,
-        MiB,
-        devices.detect("host-emulated"),
-        use_fio=False,
-        drop=lambda: drops.append(1),
-        repetitions=3,
-        min_bytes=16 * MiB,
-        copy_threads=2,
-        tensor_bytes=MiB,
+    out = ceiling_measure.measure(
+        Options(
+            targets=dirs,
+            ssd_counts=[1, 2],
+            checkpoint_bytes=8 * MiB,
+            block=MiB,
+            device=devices.detect("host-emulated"),
+            use_fio=False,
+            drop=lambda: drops.append(1),
+            repetitions=3,
+            min_bytes=16 * MiB,
+            copy_threads=2,
+            tensor_bytes=MiB,
+        )
     )
     how = out.method
     assert how.tool == "builtin" and how.repetitions == 3 and how.block_bytes == MiB
@@ -284,12 +298,12 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
             1: [(1, 8), (1, 16), (2, 8), (4, 4)],
             2: [(1, 8), (2, 4), (4, 2)],
         }[n]
-        assert ceiling.DIRECT_SEARCH == [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]
+        assert ceiling_measure.DIRECT_SEARCH == [(j, q) for j in (1, 2, 4) for q in (8, 16, 32)]
         for kind, search in (
             (DIRECT_WRITE, direct),
-            (BUFFERED_WRITE, ceiling.BUFFERED_SEARCH),
+            (BUFFERED_WRITE, ceiling_measure.BUFFERED_SEARCH),
             (DIRECT_READ, direct),  # the reads search as the writes of their kind
-            (BUFFERED_READ, ceiling.BUFFERED_SEARCH),
+            (BUFFERED_READ, ceiling_measure.BUFFERED_SEARCH),
         ):
             got = count.kinds[kind]
             assert len(got.runs) == 3 and all(r > 0 for r in got.runs)
@@ -307,7 +321,7 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
         assert out.at(BUFFERED_WRITE_1, n).median() == (
             buffered.median() if buffered.writers == Writers(1, 1) else one.Bps
         )
-    searched = 4 + 3 + 2 * len(ceiling.BUFFERED_SEARCH)
+    searched = 4 + 3 + 2 * len(ceiling_measure.BUFFERED_SEARCH)
     # the page cache is dropped before every run, write and read
     assert len(drops) == 2 * (searched + 2 * 2 * 3)
     assert not [p for d in dirs for p in Path(d).iterdir()]  # the files read were removed
@@ -326,15 +340,25 @@ def test_measure_searches_then_repeats_the_best(scratch: Path) -> None:
 def _builtin_once(dirs: list[str], counts: list[int], min_bytes: int, **kw: Any) -> Ceilings:
     """The built-in probe's ceilings of 8 MiB checkpoints, one repetition."""
     host = devices.detect("host-emulated")
-    return ceiling.measure(
-        dirs, counts, 8 * MiB, MiB, host, use_fio=False, repetitions=1, min_bytes=min_bytes, **kw
+    return ceiling_measure.measure(
+        Options(
+            targets=dirs,
+            ssd_counts=counts,
+            checkpoint_bytes=8 * MiB,
+            block=MiB,
+            device=host,
+            use_fio=False,
+            repetitions=1,
+            min_bytes=min_bytes,
+            **kw,
+        )
     )
 
 
 def test_the_config_defaults_are_the_probe_defaults() -> None:
     spec = config.CeilingSpec()
-    assert [tuple(c) for c in spec.direct_search] == ceiling.GRIDS[DIRECT_WRITE]
-    assert [(j, 1) for j in spec.buffered_jobs] == ceiling.GRIDS[BUFFERED_WRITE]
+    assert [tuple(c) for c in spec.direct_search] == ceiling_measure.GRIDS[DIRECT_WRITE]
+    assert [(j, 1) for j in spec.buffered_jobs] == ceiling_measure.GRIDS[BUFFERED_WRITE]
 
 
 def test_a_given_grid_is_searched_instead_of_the_default(scratch: Path) -> None:
@@ -355,16 +379,16 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     drops: list[int] = []
     keep: dict = {}
     calls: list[tuple] = []
-    real = ceiling.builtin_write
+    real = builtin.builtin_write
 
     def spy(targets, share, block, direct, jobs, depth, caps=None, seconds=None):  # type: ignore[no-untyped-def]
         calls.append((len(targets), share, direct, jobs, depth))
         return real(targets, share, block, direct, jobs, depth, caps, seconds)
 
     chosen = {DIRECT_WRITE: Writers(2, 4), BUFFERED_WRITE: Writers(2, 1)}
-    ceiling.builtin_write = spy
+    ceiling_measure.builtin_write = spy
     try:
-        got = ceiling.probe(
+        got = ceiling_measure.probe(
             dirs,
             8 * MiB,
             MiB,
@@ -376,13 +400,13 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
             keep=keep,
         )
     finally:
-        ceiling.builtin_write = real
+        ceiling_measure.builtin_write = real
     assert list(keep) == [8 * MiB]  # the copy buffers, kept for the next probe
-    ceiling.copy_bandwidth(4 * MiB, reps=1, keep=keep)
+    memory.copy_bandwidth(4 * MiB, reps=1, keep=keep)
     assert list(keep) == [4 * MiB]  # one size kept at a time
-    ceiling.release(keep)
+    memory.release(keep)
     assert keep == {}
-    runs = ceiling.PROBE_RUNS
+    runs = ceiling_measure.PROBE_RUNS
     assert runs >= 2
     assert calls == [
         (2, 4 * MiB, True, 2, 4),
@@ -403,14 +427,14 @@ def test_a_probe_runs_the_chosen_configurations_once_and_one_writer(scratch: Pat
     # A chosen buffered configuration of one writer is not measured twice.
     calls.clear()
     chosen[BUFFERED_WRITE] = Writers(1, 1)
-    ceiling.builtin_write = spy
+    ceiling_measure.builtin_write = spy
     try:
-        got = ceiling.probe(
+        got = ceiling_measure.probe(
             dirs, 8 * MiB, MiB, devices.detect("host-emulated"), chosen, use_fio=False
         )
     finally:
-        ceiling.builtin_write = real
-    assert len(calls) == 1 + ceiling.PROBE_RUNS
+        ceiling_measure.builtin_write = real
+    assert len(calls) == 1 + ceiling_measure.PROBE_RUNS
     assert got.kinds[BUFFERED_WRITE_1] == got.kinds[BUFFERED_WRITE]
 
 
@@ -427,8 +451,8 @@ def test_drift_between_before_and_after_is_said() -> None:
 def test_random_bytes_do_not_compress() -> None:
     import zlib
 
-    b = ceiling.random_bytes(1 << 20, seed=3).tobytes()
-    assert len(zlib.compress(b)) >= len(b) and b != ceiling.random_bytes(1 << 20, seed=4).tobytes()
+    b = data.random_bytes(1 << 20, seed=3).tobytes()
+    assert len(zlib.compress(b)) >= len(b) and b != data.random_bytes(1 << 20, seed=4).tobytes()
 
 
 def test_efficiency_of_a_row() -> None:
@@ -539,16 +563,16 @@ def test_a_read_ceiling_reads_its_files_back_from_the_device(scratch: Path, monk
     in the page cache; an O_DIRECT read brings none of them into it, a buffered one brings
     them in and the next run evicts them again before it reads."""
     dirs = _dirs(scratch, 2)
-    files = ceiling._read_files(dirs, 4 * MiB, MiB)
+    files = data.make_read_files(dirs, 4 * MiB, MiB)
     try:
         blocks = [Path(f).read_bytes() for f in files]
         timers.evict_files(files)
         assert timers.resident_bytes(files) == 0
         chunks = {b[i : i + MiB] for b in blocks for i in range(0, 4 * MiB, MiB)}
         assert len(chunks) == 8 and all(len(b) == 4 * MiB for b in blocks)
-        assert ceiling.builtin_read(files, 4 * MiB, MiB, True, 1, 2) > 0
+        assert builtin.builtin_read(files, 4 * MiB, MiB, True, 1, 2) > 0
         assert timers.resident_bytes(files) == 0  # O_DIRECT: the device, not the cache
-        assert ceiling.builtin_read(files, 4 * MiB, MiB, False, 2, 1) > 0
+        assert builtin.builtin_read(files, 4 * MiB, MiB, False, 2, 1) > 0
         assert timers.resident_bytes(files) > 0  # buffered: the pages came in ...
         before_first_read: list[int] = []
         real, lock = odirect.pread_into, threading.Lock()
@@ -560,10 +584,10 @@ def test_a_read_ceiling_reads_its_files_back_from_the_device(scratch: Path, monk
             real(fd, view, offset)
 
         monkeypatch.setattr(odirect, "pread_into", spy)
-        ceiling.builtin_read(files, 4 * MiB, MiB, False, 1, 1)
+        builtin.builtin_read(files, 4 * MiB, MiB, False, 1, 1)
         assert before_first_read == [0]  # ... and the next run evicted them before it read
     finally:
-        ceiling._remove(files)
+        data.remove_files(files)
 
 
 def test_without_reads_no_read_ceiling_is_measured(scratch: Path) -> None:
@@ -571,7 +595,9 @@ def test_without_reads_no_read_ceiling_is_measured(scratch: Path) -> None:
     out = _builtin_once(_dirs(scratch, 1), [1], 4 * MiB, reads=False)
     assert set(out.counts[1].kinds) == {DIRECT_WRITE, BUFFERED_WRITE}
     assert out.at(DIRECT_READ, 1) is None and out.at(H2D) is None  # no CUDA here either
-    assert ceiling.storage_runs([1], {}, 1, reads=False) * 2 == ceiling.storage_runs([1], {}, 1)
+    host = devices.detect("host-emulated")
+    both = Options(targets=["t"], ssd_counts=[1], checkpoint_bytes=MiB, block=MiB, device=host)
+    assert dataclasses.replace(both, reads=False).storage_runs() * 2 == both.storage_runs()
 
 
 def test_a_restore_is_judged_against_its_kind_of_read() -> None:
@@ -633,10 +659,10 @@ def test_builtin_write_closes_and_removes_what_it_opened_when_an_open_fails(
                 raise OSError(errno.EMFILE, "Too many open files", path)
         return real(path, flags, *a)
 
-    monkeypatch.setattr(ceiling.os, "open", open_)
+    monkeypatch.setattr(builtin.os, "open", open_)
     with pytest.raises(OSError) as e:
-        ceiling.builtin_write(dirs, 8 * MiB, MiB, True, 1, 2)
-    monkeypatch.setattr(ceiling.os, "open", real)
+        builtin.builtin_write(dirs, 8 * MiB, MiB, True, 1, 2)
+    monkeypatch.setattr(builtin.os, "open", real)
     assert e.value.errno == errno.EMFILE and len(opened) == 2
     assert _ceiling_fds() == []
     assert [os.listdir(d) for d in dirs] == [[], []]
@@ -710,25 +736,25 @@ def test_fio_reads_the_files_it_is_given_from_a_cold_cache(scratch: Path, fake_f
     """A read ceiling's fio run reads the files made for it (each reader its own part), drops
     their pages first (`invalidate`), syncs nothing and leaves the files to their maker."""
     dirs = _dirs(scratch, 2)
-    files = ceiling._read_files(dirs, 8 * MiB, MiB)
+    files = data.make_read_files(dirs, 8 * MiB, MiB)
     try:
         fake_fio.set("ok", 500)
-        assert ceiling.fio_read(files, 8 * MiB, MiB, True, 2, 8) == 16 * MiB / 0.5
+        assert fio.fio_read(files, 8 * MiB, MiB, True, 2, 8) == 16 * MiB / 0.5
         (args,) = fake_fio.calls()
         assert [a.split("=", 1)[1] for a in args if a.startswith("--filename=")] == files
         assert "--rw=read" in args and "--invalidate=1" in args and "--direct=1" in args
         assert "--end_fsync=1" not in args and "--size=4194304" in args
         assert all(os.path.exists(f) for f in files)
     finally:
-        ceiling._remove(files)
+        data.remove_files(files)
 
 
 def test_fio_write_reads_fios_report_after_its_chatter(scratch: Path, fake_fio) -> None:
     """Bandwidth = io_bytes / runtime of fio's JSON, whatever fio printed before it."""
     dirs = _dirs(scratch, 2)
     fake_fio.set("ok", 250)
-    assert ceiling.fio_version() == "fio-3.99"
-    bw = ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 8)
+    assert fio.fio_version() == "fio-3.99"
+    bw = fio.fio_write(dirs, 8 * MiB, MiB, True, 2, 8)
     # 2 targets x 2 writers x 4 MiB each, in 0.25 s
     assert bw == 16 * MiB / 0.25
     (args,) = fake_fio.calls()
@@ -737,11 +763,47 @@ def test_fio_write_reads_fios_report_after_its_chatter(scratch: Path, fake_fio) 
     assert [os.listdir(d) for d in dirs] == [[], []]  # its files removed after
 
 
+@pytest.mark.parametrize("use_fio", [True, False], ids=["fio", "builtin"])
+def test_measure_asks_fio_its_version_once(
+    scratch: Path, monkeypatch, fake_fio, use_fio: bool
+) -> None:
+    """fio's version picks the tool and is recorded beside it, whichever tool runs: one fio
+    process asked, not one per use. The options are frozen: the caller's lists became tuples."""
+    dirs = _dirs(scratch, 1)
+    fake_fio.set("ok", 2)
+    asked: list[str | None] = []
+
+    def version() -> str | None:
+        asked.append(fio.fio_version())
+        return asked[-1]
+
+    monkeypatch.setattr(ceiling_measure, "fio_version", version)
+    options = Options(
+        targets=dirs,
+        ssd_counts=[1],
+        checkpoint_bytes=8 * MiB,
+        block=MiB,
+        device=devices.detect("host-emulated"),
+        use_fio=use_fio,
+        repetitions=1,
+        min_bytes=8 * MiB,
+        tensor_bytes=MiB,
+        grids={DIRECT_WRITE: [(1, 2)], BUFFERED_WRITE: [(1, 1)]},
+    )
+    assert options.targets == tuple(dirs) and options.ssd_counts == (1,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.repetitions = 2  # type: ignore[misc]
+    out = ceiling_measure.measure(options)
+    assert asked == ["fio-3.99"]
+    assert (out.method.tool, out.method.fio) == ("fio-3.99" if use_fio else "builtin", "fio-3.99")
+    assert len(fake_fio.calls()) == (options.storage_runs() if use_fio else 0)
+
+
 def test_fio_failing_is_a_runtime_error_with_its_words(scratch: Path, fake_fio) -> None:
     dirs = _dirs(scratch, 2)
     fake_fio.set("fail")
     with pytest.raises(RuntimeError) as e:
-        ceiling.fio_write(dirs, 8 * MiB, MiB, True, 2, 8)
+        fio.fio_write(dirs, 8 * MiB, MiB, True, 2, 8)
     assert str(e.value) == (
         "fio failed: fio: pid=1, err=22/file:filesetup.c:805, func=open, error=Invalid argument"
     )
@@ -794,7 +856,7 @@ def test_ceilings_tool_fio_without_fio_is_a_user_error(scratch: Path, monkeypatc
     empty = scratch / "empty-path"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    assert ceiling.fio_version() is None
+    assert fio.fio_version() is None
     cfg = scratch / "c.yaml"
     cfg.write_text(json.dumps(_sweep_raw(scratch, tool="fio")))  # JSON is YAML
     capsys.readouterr()
@@ -808,13 +870,13 @@ def test_a_probe_that_fails_is_noted_and_the_sweep_goes_on(scratch: Path, monkey
     """fio fails in the probe between the workloads (it ran fine before the sweep): a note
     names the workload and fio's words; the rows are all there."""
     cfg = _sweep_config(scratch, tool="fio", probes=True, after=False)
-    real = ceiling.probe
+    real = ceiling_measure.probe
 
     def probe(*a: Any, **k: Any) -> dict:
         fake_fio.set("fail")
         return real(*a, **k)
 
-    monkeypatch.setattr(ceiling, "probe", probe)
+    monkeypatch.setattr(ceiling_measure, "probe", probe)
     r, env = _run_sweep(cfg, scratch, monkeypatch)
     assert r.failures == 0
     assert len(results_rows(r.run_dir)) == 1
@@ -832,7 +894,7 @@ def test_a_disk_that_drifted_during_the_sweep_is_noted(scratch: Path, monkeypatc
     reported."""
     cfg = _sweep_config(scratch, tool="fio")
     fake_fio.set("ok", 2)
-    real = ceiling.measure
+    real = ceiling_measure.measure
     calls: list[int] = []
 
     def measure(*a: Any, **k: Any) -> dict:
@@ -841,7 +903,7 @@ def test_a_disk_that_drifted_during_the_sweep_is_noted(scratch: Path, monkeypatc
             fake_fio.set("ok", 4)
         return real(*a, **k)
 
-    monkeypatch.setattr(ceiling, "measure", measure)
+    monkeypatch.setattr(ceiling_measure, "measure", measure)
     _, env = _run_sweep(cfg, scratch, monkeypatch)
     assert len(calls) == 2
     # 8 MiB over 1 target: O_DIRECT by 2 writers of 4 MiB, page cache by 1 writer of 8 MiB

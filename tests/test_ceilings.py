@@ -1,7 +1,7 @@
 """The typed ceilings (bench.measure.ceilings): JSON round trips of every type; env.json as earlier
 versions wrote it (the committed fixture runs) reads into the same numbers and efficiencies; every
 kind of KINDS is measured, kept, judged and shown; and a kind declared in KINDS with its measurer
-in bench.measure.ceiling.MEASURERS, and nowhere else, goes through all of it."""
+in bench.measure.ceilings.measure.MEASURERS, and nowhere else, goes through all of it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from analysis import runs, summary
 from analysis.report.environment import env_rows
 from bench.common import devices
 from bench.common.traits import BUILTIN, Traits
-from bench.measure import ceiling, ceilings
 from bench.measure.ceilings import (
     BUFFERED_WRITE,
     BUFFERED_WRITE_1,
@@ -40,6 +39,8 @@ from bench.measure.ceilings import (
     Tried,
     Writers,
 )
+from bench.measure.ceilings import measure as ceiling_measure
+from bench.measure.ceilings import types as ceiling_types
 from bench.measure.efficiency import efficiency
 from bench.storage import odirect
 
@@ -266,7 +267,7 @@ def test_the_fixture_runs_efficiencies_are_those_their_version_wrote() -> None:
 
 
 def test_every_kind_has_one_name_its_own_keys_and_a_measurer() -> None:
-    assert set(ceiling.MEASURERS) == set(KINDS)
+    assert set(ceiling_measure.MEASURERS) == set(KINDS)
     assert len({k.name for k in KINDS}) == len({k.label for k in KINDS}) == len(KINDS)
     keys = [
         key
@@ -350,30 +351,35 @@ def test_a_kind_declared_in_one_place_is_measured_kept_judged_and_shown(
         return t.from_device
 
     read = Kind("planted_read", "planted read", True, "write", reads_device)
-    monkeypatch.setattr(ceilings, "KINDS", (read, *KINDS))
+    monkeypatch.setattr(ceiling_types, "KINDS", (read, *KINDS))
     seen: list[tuple[int, bool, Writers | None]] = []
     speed = {"per target": 3e9}
 
-    def measure_read(s: ceiling.Session, got: Any) -> Measured:
+    def measure_read(s: ceiling_measure.Session, got: Any) -> Measured:
         seen.append((len(s.targets), s.probe, s.chosen.get(read)))
         rate = speed["per target"] * len(s.targets)
         return Measured.best_of([rate, 0.9 * rate], s.chosen.get(read) or Writers(1, 4))
 
-    monkeypatch.setitem(ceiling.MEASURERS, read, measure_read)
+    monkeypatch.setitem(ceiling_measure.MEASURERS, read, measure_read)
     dirs = _dirs(scratch, 2)
     host = devices.detect("host-emulated")
-    quick: dict[str, Any] = dict(
+    quick = ceiling_measure.Options(
+        targets=dirs,
+        ssd_counts=[1, 2],
+        checkpoint_bytes=8 * MiB,
+        block=MiB,
+        device=host,
         use_fio=False,
         repetitions=1,
         min_bytes=8 * MiB,
         tensor_bytes=MiB,
         grids={DIRECT_WRITE: [(1, 2)], BUFFERED_WRITE: [(1, 1)]},
     )
-    before = ceiling.measure(dirs, [1, 2], 8 * MiB, MiB, host, **quick)
+    before = ceiling_measure.measure(quick)
     speed["per target"] = 1.5e9
-    after = ceiling.measure(dirs, [1, 2], 8 * MiB, MiB, host, configs=before.chosen(), **quick)
+    after = ceiling_measure.measure(dataclasses.replace(quick, configs=before.chosen()))
     speed["per target"] = 4e9
-    probe = ceiling.probe(dirs, 8 * MiB, MiB, host, before.chosen()[2], use_fio=False)
+    probe = ceiling_measure.probe(dirs, 8 * MiB, MiB, host, before.chosen()[2], use_fio=False)
     assert seen == [
         (1, False, None),
         (2, False, None),

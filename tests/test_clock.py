@@ -216,6 +216,25 @@ def test_a_persist_error_reaches_wait_and_the_row() -> None:
         protocol.save_phase(result_row(), Failing(), None, "ck", None)
 
 
+def test_join_waits_for_a_failed_save_and_leaves_its_error_to_wait() -> None:
+    """An engine joins its previous save before the next one: join() returns once that save
+    has finished, failed here, and the error stays for the failed save's own wait()."""
+    gate = threading.Event()
+    pending = PendingSave(SaveResult(name="ck", bytes=0))
+
+    def fail() -> None:
+        gate.wait()
+        raise OSError(28, "No space left on device")
+
+    pending.run_in_background(fail)
+    assert not pending.done()
+    gate.set()
+    pending.join()
+    assert pending.done()
+    with pytest.raises(OSError, match="No space left"):
+        pending.wait()
+
+
 def test_clocked_forwards_the_engine() -> None:
     class Thing:
         knob = 3
@@ -231,9 +250,12 @@ ENGINE_DIR = Path(engines.__file__).parent
 TIMES = {"stall_s", "total_s", "persist_s"}
 
 
-@pytest.mark.parametrize("path", sorted(ENGINE_DIR.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(ENGINE_DIR.rglob("*.py")), ids=lambda p: str(p.relative_to(ENGINE_DIR))
+)
 def test_no_engine_sets_a_stall_or_a_total(path: Path) -> None:
-    """Only the clock writes them: an engine module that assigns one is named here."""
+    """Only the clock writes them: an engine module that assigns one is named here (the
+    packages' modules too: gds/, snapshot/)."""
     if path.name == "base.py":
         return  # the dataclass declares the fields
     tree = ast.parse(path.read_text())

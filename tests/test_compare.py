@@ -219,3 +219,15 @@ def test_cli_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         "NOT COMPARABLE (compared because of --force)"
         in (tmp_path / "y" / "compare.md").read_text()
     )
+
+
+def test_the_too_few_repetitions_line_names_only_cases_that_cannot_reach_p_005():
+    """5 a side (the committed pair) can be significant: no line. 3 a side cannot (the smallest
+    two-sided Mann-Whitney p is 2 / C(6, 3) = 0.1), nor 4 against 2 (2 / 15); 4 a side can."""
+    import pandas as pd
+
+    from analysis.compare import _too_few
+
+    assert _too_few(pd.DataFrame({"n_a": [5, 5, 4], "n_b": [5, 5, 4]})) == ""
+    line = _too_few(pd.DataFrame({"n_a": [5, 3, 4], "n_b": [5, 3, 2]}))
+    assert "2 of 3 cases" in line and "as few as 3 and 3" in line

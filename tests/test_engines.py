@@ -379,7 +379,7 @@ def test_checksums_off(make_engine, targets, engine):
 def test_copy_tasks_split_large_and_batch_small_pairs():
     import numpy as np
 
-    from bench.engines.striped import copy_tasks
+    from bench.storage.staging import copy_tasks
 
     sizes = [10, 3, 25, 0, 4, 4]
     pairs = [(np.zeros(n, np.uint8), np.full(n, i + 1, np.uint8)) for i, n in enumerate(sizes)]

@@ -30,7 +30,7 @@ from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 from bench.common.devices import Device
 from bench.common.errors import ChecksumError, UserError
 from bench.engines import gds
-from bench.measure import ceiling
+from bench.measure.ceilings import memory
 from bench.storage import checksums, odirect, pacing, staging
 
 FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
@@ -811,7 +811,7 @@ def test_pinned_staging_is_exactly_the_bytes_held(fake_cudart):
 
 
 def test_copy_ceiling_releases_what_it_pinned(fake_cudart):
-    runs = ceiling.d2h_bandwidth(1 << 20, FAKE_CUDA_DEVICE, reps=2)
+    runs = memory.d2h_bandwidth(1 << 20, FAKE_CUDA_DEVICE, reps=2)
     assert len(runs) == 2 and min(runs) > 0
     assert [c[0] for c in fake_cudart.calls] == ["register", "unregister"]
     assert fake_cudart.calls[0][2] == 1 << 20

@@ -184,7 +184,7 @@ def test_without_forgetting_its_staging_cpu_single_would_hide_a_skipped_chunk(
     """cpu-single's restore through a ring reuses its staging, which still holds the last
     snapshot: a skipped chunk's slot would hand the right bytes on. The restart has the engine
     forget them first (SnapshotEngine.forget); without that, this defect passes."""
-    from bench.engines.striped import SnapshotEngine
+    from bench.engines.snapshot import SnapshotEngine
 
     state = small_state()
     want = verify.fingerprint(state)
@@ -214,6 +214,18 @@ def test_without_forgetting_its_staging_cpu_single_would_hide_a_skipped_chunk(
 # -- cpu-single's single copy: O_DIRECT straight into the destination where aligned -----------
 
 
+def _unaligned(count: int, nbytes: int) -> dict[str, torch.Tensor]:
+    """`count` float32 tensors of `nbytes` each, none starting on a page: views one or two
+    elements into a buffer of their own (torch's allocator alone may hand out an aligned one)."""
+    g = torch.Generator().manual_seed(5)
+    out = {}
+    for i in range(count):
+        buf = torch.randn(nbytes // 4 + 2, generator=g)
+        skip = 1 if (buf.data_ptr() + 4) % 4096 else 2
+        out[f"t{i:05d}"] = buf[skip : skip + nbytes // 4]
+    return out
+
+
 @pytest.mark.parametrize(
     ("aligned", "tensor", "direct"),
     [
@@ -221,19 +233,15 @@ def test_without_forgetting_its_staging_cpu_single_would_hide_a_skipped_chunk(
         # 200 KiB tensors, 13 chunks: the 3 that straddle two tensors go through the ring (the
         # last, 32 KiB, whole blocks of one tensor, is read straight)
         (True, 200 * KiB, 10),
-        (False, 64 * KiB, 0),  # torch's allocator: 64-byte aligned, all through the ring
+        (False, 64 * KiB, 0),  # no tensor starts on a page: all through the ring
     ],
 )
 def test_cpu_single_restarts_aligned_chunks_straight_into_the_tensors(
     make_engine, targets, monkeypatch, aligned, tensor, direct
 ):
-    state = (
-        synthetic_state(4 * tensor, tensor, seed=5)
-        if aligned
-        else {f"t{i:05d}": torch.randn(tensor // 4) for i in range(4)}
-    )
+    state = synthetic_state(4 * tensor, tensor, seed=5) if aligned else _unaligned(4, tensor)
     if not aligned:
-        assert any(t.data_ptr() % 4096 for t in state.values()), "checked, not assumed"
+        assert all(t.data_ptr() % 4096 for t in state.values()), "checked, not assumed"
     want = verify.fingerprint(state)
     eng = _saved(make_engine, targets, "cpu-single", state, chunk_bytes="64KiB")
     real, seen = readback.direct_chunks, []
@@ -250,16 +258,17 @@ def test_cpu_single_restarts_aligned_chunks_straight_into_the_tensors(
     eng.check("ckpt", state)  # its own checksums, hashed whole for the tensors read straight
 
 
-def test_the_readme_engine_table_says_how_each_engine_restarts():
-    """README's engine table, column `a restart`, from each engine's `restore_in_place` trait."""
+def test_the_engine_table_says_how_each_engine_restarts():
+    """docs/engines.md's engine table, column `a restart`, from each engine's `restore_in_place`
+    trait; every registered engine has its line."""
     from conftest import REPO
 
-    from bench.engines import traits_of
+    from bench.engines import ENGINES, traits_of
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "engines.md").read_text()
     table = text[text.index("| engine | data path |") :].split("\n\n")[0].splitlines()
     said = {ln.split("`")[1]: ln.rstrip(" |").rsplit("| ", 1)[1] for ln in table[2:]}
-    assert said, "the table is there"
+    assert sorted(said) == sorted(ENGINES), "one line per registered engine"
     for name, how in said.items():
         want = "reads into the model" if traits_of(name).restore_in_place else "loads, then copies"
         assert how == want, name

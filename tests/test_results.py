@@ -1,6 +1,6 @@
 """The row types of the results files (bench/measure/results.py, bench/measure/columns.py): each
-column declared once, with a doc; the CSV header in the type's order; the README tables the
-type's; older runs read with the defaults of the columns they lack."""
+column declared once, with a doc; the CSV header in the type's order; the docs tables
+(docs/results.md) the type's; older runs read with the defaults of the columns they lack."""
 
 from __future__ import annotations
 
@@ -170,12 +170,12 @@ def test_measurements_fill_the_columns_of_their_names() -> None:
         columns.fill(row, Stray())
 
 
-def test_the_readme_tables_are_the_row_types() -> None:
-    """README.md carries one table per row type, as `make columns` writes it: a column added,
-    moved or documented anew without it fails here."""
-    text = (REPO / "README.md").read_text()
+def test_the_docs_tables_are_the_row_types() -> None:
+    """docs/results.md carries one table per row type, as `make columns` writes it: a column
+    added, moved or documented anew without it fails here."""
+    text = (REPO / "docs" / "results.md").read_text()
     assert columns.doc_blocks(text) == list(results.DOCS)
-    assert columns.render_docs(text, results.DOCS) == text, "README.md: run make columns"
+    assert columns.render_docs(text, results.DOCS) == text, "docs/results.md: run make columns"
     table = columns.markdown_table(results.Row, ranks=True).splitlines()
     assert table[0] == "| column | type | aggregate row | what it holds |"
     assert table[2].startswith("| `run_id` | text | first rank's | The run: ")

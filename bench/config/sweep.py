@@ -48,7 +48,7 @@ class TargetSpec(Strict):
 
 
 class CeilingSpec(Strict):
-    """How device ceilings are measured before (and after) the sweep (see bench.measure.ceiling)."""
+    """How device ceilings are measured before (and after) the sweep (bench.measure.ceilings)."""
 
     enabled: bool = True
     tool: Literal["auto", "fio", "builtin"] = "auto"  # auto: fio when installed

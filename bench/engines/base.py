@@ -111,6 +111,12 @@ class PendingSave:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def join(self) -> None:
+        """Block until the save has finished, durable or failed, without raising its error:
+        for an engine that must wait for its previous save (whose error is for that save's own
+        `wait()` to report)."""
+        self._done.wait()
+
     def wait(self) -> SaveResult:
         """Block until the checkpoint is durable; re-raise an error of the persist phase."""
         self._done.wait()

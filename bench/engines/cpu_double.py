@@ -8,7 +8,7 @@ about 2 x the checkpoint while the page cache holds the dirty data.
 from __future__ import annotations
 
 from bench.common.traits import Traits
-from bench.engines.striped import SnapshotEngine
+from bench.engines.snapshot import SnapshotEngine
 
 
 class CpuDouble(SnapshotEngine):

@@ -10,7 +10,7 @@ and the file is truncated back to its exact length.
 from __future__ import annotations
 
 from bench.common.traits import Traits
-from bench.engines.striped import SnapshotEngine
+from bench.engines.snapshot import SnapshotEngine
 
 
 class CpuSingle(SnapshotEngine):

@@ -94,7 +94,7 @@ class Dcp(BaselineEngine):
 
     def wait_idle(self) -> None:
         if self._pending is not None:
-            self._pending._done.wait()
+            self._pending.join()
 
     @property
     def pinned_bytes(self) -> int:
@@ -117,7 +117,7 @@ class Dcp(BaselineEngine):
         t0 = time.perf_counter_ns()
         wait_prev = 0.0
         if self._pending is not None and not self._pending.done():
-            self._pending._done.wait()
+            self._pending.join()
             wait_prev = (time.perf_counter_ns() - t0) / 1e9
         save_id = manifest.new_save_id()
         d = self._begin(name, save_id)

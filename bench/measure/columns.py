@@ -10,8 +10,9 @@ is derived from the type, so that nothing lists the columns a second time:
 - reading a file back (`frame`): the columns a file must have, what a file written before a
   column existed reads for it (the field's default, else empty), the text and true/false
   columns typed, empty cells of a column with a default read as that default;
-- the docs table (`markdown_table`), which the READMEs carry between `<!-- columns: NAME -->`
-  and `<!-- /columns -->` (`make columns` writes them, a test checks them).
+- the docs table (`markdown_table`), which docs/results.md carries between
+  `<!-- columns: NAME -->` and `<!-- /columns -->` (`make columns` writes them, a test checks
+  them).
 
 Imports pandas only for its types: the runs themselves never load it.
 """
@@ -222,7 +223,7 @@ def doc_blocks(text: str) -> list[str]:
 
 
 def render_docs(text: str, kinds: dict[str, type]) -> str:
-    """`text` (a README) with every docs block's table written again from its row type
+    """`text` (a docs page) with every docs block's table written again from its row type
     (`kinds`: block name -> row type); an aggregate-row column where the type has rules other
     than `first`. Raises KeyError for a block of no known type."""
 

@@ -496,7 +496,7 @@ def new_run_dir(root: str, config_name: str) -> tuple[str, str]:
     return run_id, path
 
 
-# The docs blocks of the READMEs (bench.measure.columns.render_docs; `make columns`): block
+# The docs blocks of docs/results.md (bench.measure.columns.render_docs; `make columns`): block
 # name -> its row type.
 DOCS: dict[str, type] = {
     "results.csv": Row,

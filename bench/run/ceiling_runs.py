@@ -1,8 +1,8 @@
 """A run's device ceilings: measured before the sweep, again after it, and probed between a
 workload's warm-ups and its timed saves, each returned typed (bench.measure.ceilings) for the
-sweep to keep in env.json. How each kind is measured is bench.measure.ceiling's; this is when,
-with which sizes and searches, and what a failure leaves (a note: a ceiling is a reference, not
-the benchmark)."""
+sweep to keep in env.json. How each kind is measured is bench.measure.ceilings.measure's; this
+is when, with which sizes and searches, and what a failure leaves (a note: a ceiling is a
+reference, not the benchmark)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from tqdm import tqdm
 from bench.common import sizes
 from bench.common.errors import UserError
 from bench.config import sweep as config_mod
-from bench.measure import ceiling
-from bench.measure import timers as measure
+from bench.measure import timers
 from bench.measure.ceilings import (
     BUFFERED_READ,
     BUFFERED_WRITE,
@@ -28,6 +27,9 @@ from bench.measure.ceilings import (
     Kind,
     Probe,
 )
+from bench.measure.ceilings import measure as ceiling_measure
+from bench.measure.ceilings.fio import fio_version
+from bench.measure.ceilings.memory import release as release_buffers
 from bench.run.core import Core
 from bench.run.plan import Group, RunPlan, Workload
 
@@ -66,29 +68,24 @@ class CeilingRunner:
         cfg, core = self.cfg, self.core
         try:
             spec = cfg.ceilings
-            if spec.tool == "fio" and not ceiling.fio_version():
+            installed = fio_version()
+            if spec.tool == "fio" and not installed:
                 raise UserError(
                     "ceilings.tool: fio is not installed (apt-get install fio, or use auto)"
                 )
             largest = max((w.total_bytes for w in wls if w.kind == "synthetic"), default=1 << 30)
             tensor = max((w.tensor_bytes for w in wls if w.kind == "synthetic"), default=64 << 20)
-            tool = "fio" if spec.tool != "builtin" and ceiling.fio_version() else "built-in probe"
+            tool = "fio" if spec.tool != "builtin" and installed else "built-in probe"
             when = "after the sweep" if again else "first"
-            runs = ceiling.storage_runs(
-                cfg.ssd_counts,
-                grids(spec),
-                spec.repetitions,
-                searched=again is None,
-                reads=spec.reads,
-            )
-            each = ceiling.probe_bytes(largest, spec.min_bytes, spec.max_bytes)
+            drop = timers.drop_page_cache if self.plan.cache_dropped else None
+            options = self._options(spec, largest, tensor, drop, again)
+            runs = options.storage_runs()
             core.log(
                 f"measuring device ceilings {when}: {runs} storage runs with {tool} of "
-                f"{sizes.format_size(each)} each, every one cut off after {spec.max_seconds:g} s "
-                f"(at most {runs * spec.max_seconds / 60:.1f} min of I/O, plus fsync), "
-                "then a memory copy"
+                f"{sizes.format_size(options.storage_bytes())} each, every one cut off after "
+                f"{spec.max_seconds:g} s (at most {runs * spec.max_seconds / 60:.1f} min of I/O, "
+                "plus fsync), then a memory copy"
             )
-            drop = measure.drop_page_cache if self.plan.cache_dropped else None
             bar = tqdm(
                 total=runs,
                 unit="run",
@@ -104,7 +101,7 @@ class CeilingRunner:
                 bar.update(1)
 
             try:
-                out = self._measure(spec, largest, tensor, drop, again, progress)
+                out = ceiling_measure.measure(dataclasses.replace(options, progress=progress))
             finally:
                 bar.close()
             if drop:
@@ -117,22 +114,23 @@ class CeilingRunner:
             core.warn(f"warning: device ceilings not measured ({why}); no efficiency columns")
             return None
 
-    def _measure(
+    def _options(
         self,
         spec: config_mod.CeilingSpec,
         largest: int,
         tensor: int,
-        drop: Callable[[], Any] | None,
+        drop: Callable[[], object] | None,
         again: Ceilings | None,
-        progress: Callable[[str], None],
-    ) -> Ceilings:
+    ) -> ceiling_measure.Options:
+        """What the ceilings measure: the config's searches and bounds, the plan's targets,
+        chunk and copy threads, the largest synthetic checkpoint."""
         cfg = self.cfg
-        return ceiling.measure(
-            self.plan.targets,
-            cfg.ssd_counts,
-            largest,
-            self.plan.chunk_bytes(),
-            self.device,
+        return ceiling_measure.Options(
+            targets=self.plan.targets,
+            ssd_counts=cfg.ssd_counts,
+            checkpoint_bytes=largest,
+            block=self.plan.chunk_bytes(),
+            device=self.device,
             use_fio=spec.tool != "builtin",
             drop=drop,
             caps=cfg.target_caps(),
@@ -144,7 +142,6 @@ class CeilingRunner:
             grids=grids(spec),
             max_bytes=spec.max_bytes,
             max_seconds=spec.max_seconds,
-            progress=progress,
             reads=spec.reads,
         )
 
@@ -167,11 +164,12 @@ class CeilingRunner:
         self, g: Group, wl: Workload, mine: tuple[list[str], list[int]] | None, chosen: Any
     ) -> Probe | None:
         """The ceilings once more between this workload's warm-up and timed saves
-        (bench.measure.ceiling.probe), over this rank's targets `mine` in the configurations
-        `chosen`: the model predicts the workload from the probes around it. The page cache is
-        not dropped for it: the timed saves that follow find it as the warm-ups left it, and so
-        does the probe (on a VM with a memory balloon, a buffered write into freshly dropped
-        memory runs at half speed). A probe that fails is noted (None) and the sweep goes on."""
+        (bench.measure.ceilings.measure.probe), over this rank's targets `mine` in the
+        configurations `chosen`: the model predicts the workload from the probes around it. The
+        page cache is not dropped for it: the timed saves that follow find it as the warm-ups
+        left it, and so does the probe (on a VM with a memory balloon, a buffered write into
+        freshly dropped memory runs at half speed). A probe that fails is noted (None) and the
+        sweep goes on."""
         cfg, core = self.cfg, self.core
         paths, idx = mine or ([], [])
         if not paths:
@@ -179,7 +177,7 @@ class CeilingRunner:
         caps = cfg.target_caps()
         t0 = time.perf_counter_ns()
         try:
-            got = ceiling.probe(
+            got = ceiling_measure.probe(
                 paths,
                 wl.total_bytes,
                 self.plan.chunk_bytes(),
@@ -205,4 +203,4 @@ class CeilingRunner:
 
     def release(self) -> None:
         """Free the probes' copy buffers."""
-        ceiling.release(self._probe_buffers)
+        release_buffers(self._probe_buffers)

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
-from bench.measure import ceiling
 from bench.measure import env as env_mod
 from bench.measure import timers as measure
+from bench.measure.ceilings.measure import PROBE_COPY_BYTES
 from bench.run import distributed as dist
 from bench.run import plan, preflight
 from bench.run.core import Core, World
@@ -129,7 +129,7 @@ def judge(run: Inputs, p: RunPlan) -> RunPlan:
             size = wl.size(cfg, cuda, g.n, total, rank=w.rank)
             extra = {}
             if cfg.ceilings.enabled and cfg.ceilings.probes and not run.ranked:
-                extra["copy probe"] = 2 * min(size.nbytes, ceiling.PROBE_COPY_BYTES)
+                extra["copy probe"] = 2 * min(size.nbytes, PROBE_COPY_BYTES)
             case = f"{wl.id} x{g.n}"
             # the options the run will create the engines with, resolved once
             judged = preflight.judge(

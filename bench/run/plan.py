@@ -268,7 +268,7 @@ def check_space(
     error row. `scale`: how many checkpoints of that size are written at once (ranks that each
     save a whole total).
     """
-    from bench.measure import ceiling
+    from bench.measure.ceilings.measure import probe_bytes
 
     sized = [w.size(cfg, False, 1).nbytes for w in wls]
     largest = scale * max(sized, default=0)
@@ -277,7 +277,7 @@ def check_space(
     if not largest:
         return
     spec = cfg.ceilings
-    probe = ceiling.probe_bytes(largest, spec.min_bytes, spec.max_bytes) if spec.enabled else 0
+    probe = probe_bytes(largest, spec.min_bytes, spec.max_bytes) if spec.enabled else 0
     whole = any(not REGISTRY[e].traits.stripes for e in engines)
     for i, t in enumerate(targets[: max(cfg.ssd_counts)]):
         n = min(c for c in cfg.ssd_counts if c > i)

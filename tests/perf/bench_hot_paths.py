@@ -1,7 +1,7 @@
 """Hot paths of a checkpoint, timed one at a time with pytest-benchmark (`make perf`).
 
-- snapshot copy: the state's tensors copied into a warm staging buffer, as SnapshotEngine._save
-  does (the whole stall of cpu-single and cpu-double);
+- snapshot copy: the state's tensors copied into a warm staging buffer, as the plain snapshot
+  does (bench.engines.snapshot.plain; the whole stall of cpu-single and cpu-double);
 - O_DIRECT write of one 16 MiB chunk with bench.storage.layout.write_piece, aligned (the packed layout)
   and unaligned (the direct layout: head and tail blocks through a bounce buffer); write+fsync
   of 64 MiB, O_DIRECT and buffered;
@@ -155,7 +155,7 @@ def _snapshot(
     offsets: list[int],
     device: Device,
 ) -> None:
-    """The copy loop of SnapshotEngine._save: a typed view of staging per tensor, copy_, sync."""
+    """The copy loop of a plain snapshot: a typed view of staging per tensor, copy_, sync."""
     for (_, t), e, off in zip(tensors, entries, offsets, strict=True):
         if e.nbytes:
             dst = staging[off : off + e.nbytes].view(t.dtype).view(t.shape)
@@ -234,7 +234,7 @@ def source() -> Iterator[odirect.HostBuffer]:
 
 
 def _open_data_file(directory: Path, o_direct: bool) -> tuple[int, Path]:
-    """A new data file opened as StripedEngine._persist opens one."""
+    """A new data file opened as the striped engines' writer opens one (StripeWriter.open)."""
     path = directory / f"data-{uuid.uuid4().hex}.bin"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if o_direct else 0)
     return os.open(path, flags, 0o644), path

@@ -21,8 +21,9 @@ import pytest
 
 from bench.common import devices
 from bench.config import sweep as config
-from bench.measure import ceiling
 from bench.measure import timers as measure
+from bench.measure.ceilings.builtin import builtin_write
+from bench.measure.ceilings.fio import fio_version, fio_write
 from bench.run.sweep import Sweep
 from bench.storage import odirect
 from bench.storage.pacing import TokenBucket
@@ -72,7 +73,7 @@ def test_probe_honours_write_caps(scratch: Path) -> None:
     if odirect.probe(dirs[0]):
         pytest.skip(f"scratch refuses O_DIRECT: {odirect.probe(dirs[0])}")
     cap = 16_000_000
-    writers = [ceiling.builtin_write] + ([ceiling.fio_write] if ceiling.fio_version() else [])
+    writers = [builtin_write] + ([fio_write] if fio_version() else [])
     for write in writers:
         t0 = time.perf_counter()
         bw = write(dirs, 8 * MiB, MiB, True, 1, 2, [cap, cap])

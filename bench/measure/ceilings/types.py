@@ -2,14 +2,15 @@
 of a kind keeps (`Measured`: every run, the configuration, the search), the ceilings measured
 together before or after a sweep (`Ceilings`: per target count and for the host), a probe between
 workloads (`Probe`), and all of a run's (`RunCeilings`: before, after, the probes), each with
-to_json/from_json. bench.measure.ceiling measures them; efficiency, the model, the summary and the
-report read them through these types, never through env.json's keys.
+to_json/from_json. bench.measure.ceilings.measure measures them; efficiency, the model, the
+summary and the report read them through these types, never through env.json's keys.
 
 A kind is declared once, in KINDS: its name in env.json, how reports say it, whether it is
 measured per target count (the disk) or once for the host (memory), and which part of which
 engines it is the ceiling of (`judges`, by the engine's traits, never by its name). Adding a kind
-is an entry here plus the function that measures it (bench.measure.ceiling.MEASURERS); the
-measurement, env.json, the best of a run, drift, efficiency, the summary and the report follow.
+is an entry here plus the function that measures it (bench.measure.ceilings.measure.MEASURERS);
+the measurement, env.json, the best of a run, drift, efficiency, the summary and the report
+follow.
 
 env.json keeps the shape every earlier version wrote (`per_ssd_count` of flat `{kind}_Bps`,
 `{kind}_runs`, `{kind}_config`, `{kind}_search` keys, the host's at the top), so that the runs
