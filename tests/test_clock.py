@@ -24,7 +24,7 @@ from bench.engines import options as opts
 from bench.engines.base import PendingSave, SaveResult
 from bench.engines.cpu_single import CpuSingle
 from bench.measure import clock
-from bench.run import rows
+from bench.run import protocol
 from bench.run.sweep import Sweep
 from bench.run.training import loop
 from bench.storage import odirect
@@ -213,7 +213,7 @@ def test_a_persist_error_reaches_wait_and_the_row() -> None:
             return pending
 
     with pytest.raises(OSError, match="No space left"):
-        rows.save_phase(result_row(), Failing(), None, "ck", None)
+        protocol.save_phase(result_row(), Failing(), None, "ck", None)
 
 
 def test_join_waits_for_a_failed_save_and_leaves_its_error_to_wait() -> None:

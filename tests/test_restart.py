@@ -13,7 +13,7 @@ import torch
 from conftest import RUNNABLE, bits
 
 from bench.common.devices import detect
-from bench.run import restart, rows
+from bench.run import protocol, restart
 from bench.storage import readback, scrub, verify
 from bench.workloads.synthetic import synthetic_state
 
@@ -61,7 +61,7 @@ def _saved(make_engine, targets, engine: str, state: Any, **options: Any) -> Any
 
 def _restart(eng: Any, engine: str, state: Any, want: list, load: Any = None) -> Any:
     row = _row(engine)
-    rows.restore_phase(
+    protocol.restore_phase(
         row, eng, engine, state, "ckpt", detect("host-emulated"), True, load=load, fingerprint=want
     )
     return row
@@ -173,7 +173,7 @@ def test_a_fresh_restore_leaves_the_source_as_it_was(make_engine, targets):
     before = {k: bits(t).clone() for k, t in state.items()}
     eng = _saved(make_engine, targets, "cpu-single", state)
     row = _row("cpu-single")
-    rows.restore_phase(row, eng, "cpu-single", state, "ckpt", detect("host-emulated"), True)
+    protocol.restore_phase(row, eng, "cpu-single", state, "ckpt", detect("host-emulated"), True)
     assert (row.restore_into, row.verified) == (restart.FRESH, True)
     assert all(torch.equal(bits(t), before[k]) for k, t in state.items())
 

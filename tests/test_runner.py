@@ -117,6 +117,27 @@ def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
     assert sorted(os.listdir(tiny["run_dir"])) == ["env.json", "results.csv"]
 
 
+def test_tiny_run_ran_a_plan_decided_whole_and_frozen(tiny: dict[str, Any]) -> None:
+    """The plan the sweep ran was complete before the first save (every case's verdict, the
+    rows already done, the page-cache policy, env.json's preflight block) and cannot be
+    changed after."""
+    r, cfg = tiny["runner"], tiny["cfg"]
+    p = r.plan
+    assert isinstance(p, plan.RunPlan)
+    assert [g.key for g in p.groups] == ["x1", "x2"]
+    assert p.done == frozenset()  # a new run
+    engines_at = {n: plan.engines_at(cfg, p.engines, n) for n in cfg.ssd_counts}
+    assert set(p.verdicts) == {
+        (wl.id, g.key, e) for g in p.groups for wl in p.workloads for e in engines_at[g.n]
+    }
+    assert all(v.restore is not None for v in p.verdicts.values())
+    assert {row["cache_dropped"] for row in tiny["rows"]} == {str(p.cache_dropped)}
+    with open(os.path.join(tiny["run_dir"], "env.json")) as f:
+        assert json.load(f)["preflight"] == json.loads(json.dumps(dict(p.preflight)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cache_dropped = not p.cache_dropped
+
+
 def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any]) -> None:
     """A probe per workload and target count, in run order, with the keys the model reads;
     the model of each case is taken from the probes around it."""
