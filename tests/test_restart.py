@@ -284,8 +284,8 @@ def test_gds_emulation_restarts_whole_blocks_straight_into_the_tensors(
     if shape == "aligned":
         state: dict[str, torch.Tensor] = synthetic_state(800 * KiB, 200 * KiB, seed=6)
     elif shape == "unaligned":
-        state = {f"t{i:05d}": torch.randn(50 * KiB) for i in range(4)}
-        assert any(t.data_ptr() % 4096 for t in state.values())
+        state = _unaligned(4, 200 * KiB)
+        assert all(t.data_ptr() % 4096 for t in state.values())
     else:  # sizes that end inside a block, small ones among them
         g = torch.Generator().manual_seed(1)
         state = {f"t{i:05d}": torch.randn(n, generator=g) for i, n in enumerate([25001, 3, 70001])}
@@ -319,7 +319,7 @@ def test_a_restart_read_straight_into_the_tensors_does_not_grow_a_bounded_stagin
     held = eng.staging.capacity
     row = _restart(eng, "cpu-single", state, want)
     assert (row.verified, eng.staging.capacity) == (True, held)
-    ring = {f"t{i:05d}": torch.randn(16 * KiB) for i in range(4)}  # unaligned: the ring
+    ring = _unaligned(4, 64 * KiB)  # no tensor on a page: the ring
     eng.save(ring, "ckpt").wait()
     row = _restart(eng, "cpu-single", ring, verify.fingerprint(ring))
     assert row.verified and eng.staging.capacity > held
