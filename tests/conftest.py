@@ -254,3 +254,18 @@ def kvikio_engine(make_engine: Any, dirs: list[str], **opts: Any) -> Any:
 
 def data_files(dirs: list[str], m: dict[str, Any], name: str = "ckpt") -> dict[int, str]:
     return {int(t): os.path.join(dirs[int(t)], name, i["file"]) for t, i in m["files"].items()}
+
+
+# -- the committed default run the analysis tests read (tests/test_analysis_*.py) ----------------
+
+# A trimmed real default run (host-emulated), committed under tests/fixtures/runs.
+DEFAULT_RUN = REPO / "tests" / "fixtures" / "runs" / "20261202T160516Z-default-b10c3b"
+
+
+@pytest.fixture(scope="session")
+def default_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """DEFAULT_RUN's report (analysis.report.build.Report), built once for the whole test run:
+    a build draws every figure as PNG and PDF, and several test files read the same report."""
+    from analysis.report.build import build
+
+    return build(str(DEFAULT_RUN), str(tmp_path_factory.mktemp("default-report")))
