@@ -45,6 +45,12 @@ QUICK_CEILINGS = {
 }
 
 
+# The host's idle baseline (the config's `host_baseline_s`) for sweeps whose host-cost figures
+# the test does not read: 2 x 0.05 s instead of 2 x 0.5 s a sweep. tests/test_hostcost.py runs
+# its sweeps with the real one.
+QUICK_BASELINE_S = 0.05
+
+
 def result_row(**cells: Any) -> results.Row:
     """A results.csv row of a made-up case (one 1 MiB tensor, one target), `cells` set."""
     case: dict[str, Any] = {

@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from conftest import QUICK_BASELINE_S
 
 from bench.common.errors import UserError
 from bench.engines import gds
@@ -84,7 +85,7 @@ def test_a_sweep_skips_gds_that_cannot_run_and_says_why(scratch, no_kvikio, caps
     cfg.write_text(
         "name: skip\nengines: [gds, cpu-double]\ntotal_sizes: [1MiB]\ntensor_sizes: [1MiB]\n"
         f"scratch: {scratch}/t\nrepetitions: 1\nwarmups: 0\nceilings: {{enabled: false}}\n"
-        "engine_options: {gds: {io: kvikio}}\n"
+        f"engine_options: {{gds: {{io: kvikio}}}}\nhost_baseline_s: {QUICK_BASELINE_S}\n"
     )
     assert cli.main(["run", str(cfg), "-q", "-o", str(scratch / "out")]) == 0
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import QUICK_CEILINGS, scratch_base
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS, scratch_base
 
 from analysis import runs
 from analysis.model.calibrate import _point, from_run, near
@@ -29,7 +29,7 @@ from bench.common import devices
 from bench.common.errors import UserError
 from bench.config import sweep as config
 from bench.engines import REGISTRY
-from bench.measure import detail, results
+from bench.measure import detail, hostcost, results
 from bench.measure import timers as measure
 from bench.measure.ceilings import DIRECT_WRITE, RunCeilings
 from bench.run import plan
@@ -54,6 +54,7 @@ def tiny_raw(targets: list[str]) -> dict[str, Any]:
     """
     return {
         "name": "tiny",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ENGINES,
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["1MiB", "8MiB", "16MiB"],
@@ -115,6 +116,14 @@ def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
     assert tiny["runner"].failures == 0
     assert os.path.basename(tiny["run_dir"]) == tiny["runner"].run_id
     assert sorted(os.listdir(tiny["run_dir"])) == ["env.json", "results.csv"]
+
+
+def test_tiny_run_watches_the_host_at_rest_for_its_configs_baseline(tiny: dict[str, Any]) -> None:
+    """The idle baseline lasts the config's host_baseline_s, before the saves and after them."""
+    env = json.loads(Path(tiny["run_dir"], "env.json").read_text())
+    for when in ("baseline", "baseline_after"):
+        took = env["host_cost"][when]["seconds"]
+        assert QUICK_BASELINE_S <= took < hostcost.BASELINE_S, (when, took)
 
 
 def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any]) -> None:
@@ -315,6 +324,7 @@ def small(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     targets = make_targets(scratch, 1)
     return {
         "name": "small",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "torch-save"],
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["4MiB"],
@@ -545,6 +555,7 @@ def test_a_run_without_verification_reports(scratch: Path) -> None:
     targets = make_targets(scratch, 1)
     raw = {
         "name": "noverify",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "torch-save"],
         "total_sizes": ["4MiB"],
         "tensor_sizes": ["1MiB"],

@@ -139,7 +139,7 @@ class Sweep:
         self._environment(wls, paths_all)
         # The host at rest, in this run, before any save: what the saves' host figures take
         # away (bench.measure.hostcost). Every rank reads its own node while all of them are idle.
-        self.host = hostcost.Host.measure()
+        self.host = hostcost.Host.measure(cfg.host_baseline_s)
         if w.rank == 0:
             core.env["host_cost"] = self.host.info()
             core.open_writers({"results.csv": results.Row})
@@ -189,7 +189,7 @@ class Sweep:
         try:
             for g in the_plan.groups:
                 cases.run_group(g)
-            after = hostcost.measure_baseline(imc=self.host.imc)
+            after = hostcost.measure_baseline(cfg.host_baseline_s, imc=self.host.imc)
             if w.rank == 0:  # the baseline again after the sweep: how much it moved
                 core.env["host_cost"]["baseline_after"] = after.to_json()
             w.agree(
