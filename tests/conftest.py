@@ -175,7 +175,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 # -- the gds engine over fake kvikio and fake CUDA (tests/test_gds_*.py) --------------------------
 
-# A CUDA Device whose memory is the host's: what the gds engine's device branches see under the fakes.
+# A CUDA Device whose memory is the host's: the gds engine's device branches run under the fakes.
 FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
 
 
@@ -234,6 +234,8 @@ def fake_cudart(monkeypatch) -> FakeCudart:
 
 
 def sample_state() -> dict[str, torch.Tensor]:
+    """A small host state of awkward tensors: strided, bfloat16, an unaligned view, a scalar,
+    an empty one."""
     g = torch.Generator().manual_seed(0)
     flat = torch.randint(-(2**40), 2**40, (6000,), generator=g)
     return {

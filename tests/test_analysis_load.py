@@ -1,4 +1,5 @@
-"""Analysis of a committed fixture run: loading a run, its warm-ups, errors and unverified rows set aside, and the runs it refuses.
+"""Analysis of a committed fixture run: loading a run, its warm-ups, errors and unverified rows
+set aside, and the runs it refuses.
 
 They read the committed default fixture run (a trimmed real default run, DEFAULT_RUN in
 tests/conftest.py); its report is built once for the whole test run (`default_report`).
