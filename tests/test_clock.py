@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK_CEILINGS, result_row
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS, result_row
 
 from bench import engines
 from bench.common import devices
@@ -92,6 +92,7 @@ def test_the_sweeps_rows_hold_the_work_after_the_engines_timer(planted: str, scr
     cfg = config.from_dict(
         {
             "name": "planted",
+            "host_baseline_s": QUICK_BASELINE_S,
             "engines": [planted],
             "total_sizes": ["4MiB"],
             "tensor_sizes": ["1MiB"],

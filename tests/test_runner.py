@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import QUICK_CEILINGS, scratch_base
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS, scratch_base
 
 from analysis import runs
 from analysis.model.calibrate import _point, from_run, near
@@ -29,7 +29,7 @@ from bench.common import devices
 from bench.common.errors import UserError
 from bench.config import sweep as config
 from bench.engines import REGISTRY
-from bench.measure import detail, results
+from bench.measure import detail, hostcost, results
 from bench.measure import timers as measure
 from bench.measure.ceilings import DIRECT_WRITE, RunCeilings
 from bench.run import plan
@@ -54,6 +54,7 @@ def tiny_raw(targets: list[str]) -> dict[str, Any]:
     """
     return {
         "name": "tiny",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ENGINES,
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["1MiB", "8MiB", "16MiB"],
@@ -136,6 +137,14 @@ def test_tiny_run_ran_a_plan_decided_whole_and_frozen(tiny: dict[str, Any]) -> N
         assert json.load(f)["preflight"] == json.loads(json.dumps(dict(p.preflight)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.cache_dropped = not p.cache_dropped
+
+
+def test_tiny_run_watches_the_host_at_rest_for_its_configs_baseline(tiny: dict[str, Any]) -> None:
+    """The idle baseline lasts the config's host_baseline_s, before the saves and after them."""
+    env = json.loads(Path(tiny["run_dir"], "env.json").read_text())
+    for when in ("baseline", "baseline_after"):
+        took = env["host_cost"][when]["seconds"]
+        assert QUICK_BASELINE_S <= took < hostcost.BASELINE_S, (when, took)
 
 
 def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any]) -> None:
@@ -336,6 +345,7 @@ def small(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     targets = make_targets(scratch, 1)
     return {
         "name": "small",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "torch-save"],
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["4MiB"],
@@ -566,6 +576,7 @@ def test_a_run_without_verification_reports(scratch: Path) -> None:
     targets = make_targets(scratch, 1)
     raw = {
         "name": "noverify",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "torch-save"],
         "total_sizes": ["4MiB"],
         "tensor_sizes": ["1MiB"],

@@ -179,7 +179,7 @@ class Sweep:
         """The host at rest, in this run, before any save: what the saves' host figures take
         away (bench.measure.hostcost). Every rank reads its own node while all of them are
         idle; rank 0 opens the row writers beside it."""
-        host = hostcost.Host.measure()
+        host = hostcost.Host.measure(self.cfg.host_baseline_s)
         if self.world.rank == 0:
             self.core.env["host_cost"] = host.info()
             self.core.open_writers({"results.csv": results.Row})
@@ -238,7 +238,7 @@ class Sweep:
         )
         for g in the_plan.groups:
             cases.run_group(g)
-        after = hostcost.measure_baseline(imc=self.host.imc)
+        after = hostcost.measure_baseline(self.cfg.host_baseline_s, imc=self.host.imc)
         if w.rank == 0:  # the baseline again after the sweep: how much it moved
             core.env["host_cost"]["baseline_after"] = after.to_json()
         w.agree(
