@@ -147,7 +147,11 @@ def test_the_check_sizes_its_state_to_the_capped_target_and_ends_inside_its_limi
     a, b = (pd.read_csv(r / "results.csv") for r in (first, second))
     assert list(dict.fromkeys(a["engine"])) == ["gds", "cpu-single"]
     assert list(dict.fromkeys(b["engine"])) == ["cpu-double", "torch-save", "dcp", "safetensors"]
-    assert set(a["total_bytes"]) == set(b["total_bytes"]) == {sizing["total_bytes"]}
+    # the first stage at the size chosen first; the others sized again from how long it took
+    # (on a busy host smaller), never larger than the first
+    again = sizing.get("again", sizing)["total_bytes"]
+    assert set(a["total_bytes"]) == {sizing["total_bytes"]} and set(b["total_bytes"]) == {again}
+    assert again <= sizing["total_bytes"]
     assert a["error"].isna().all() and b["error"].isna().all()
     # inside the limit, and the table says how it was sized
     took = int(re.search(r"gpu_check: exit 0 after (\d+) s", log)[1])
