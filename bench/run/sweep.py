@@ -53,8 +53,10 @@ class Sweep:
         quiet: bool = False,
         resume: str | None = None,
         preflight_only: bool = False,
+        tuned: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tuned = tuned  # env.json `tuned`: the profile `run --tuned` applied (bench.run.tune)
         self.device = device
         self.preflight_only = preflight_only  # judge every case, then stop (`run --preflight`)
         self.core = Core(cfg, device, out_root, world=world, quiet=quiet, resume=resume)
@@ -380,6 +382,8 @@ class Sweep:
                 )
         if w.rank == 0:
             envb["preflight"] = self.preflight_block
+            if self.tuned is not None:
+                envb["tuned"] = self.tuned
             if cfg.mlperf is not None:
                 envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
         measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
