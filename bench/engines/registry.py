@@ -79,12 +79,15 @@ def knob_grid(
     import itertools
 
     model = options_model(name)
-    knobs = {k: list(v) for k, v in model.TUNABLE.items()}
+    declared: opts.Knobs = getattr(model, "TUNABLE", {})  # every model here declares it
+    knobs = {k: list(v) for k, v in declared.items()}
     for knob, values in (ranges or {}).items():
         where = f"tune.{name}.{knob}"
         if knob not in knobs:
             declared = ", ".join(knobs) or "none"
-            raise UserError(f"{where}: not a knob tune can search for {name} (its knobs: {declared})")
+            raise UserError(
+                f"{where}: not a knob tune can search for {name} (its knobs: {declared})"
+            )
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: expected a non-empty list of values, got {values!r}")
         for v in values:

@@ -67,6 +67,8 @@ class Tuner:
             held = options_model(e)(**base)
             default = {k: getattr(held, k) for k in grid[0]}
             searches += [(n, e, grid, default) for n in cfg.ssd_counts]
+        # Small grids first: the time they leave unused goes to the larger ones after them.
+        searches.sort(key=lambda s: (len(s[2]), s[0]))
         if not searches:
             raise UserError(
                 "engines: none to tune here ("
@@ -115,10 +117,14 @@ class Tuner:
         slowest = MIN_TRIAL_S
         for i, (n, e, grid, default) in enumerate(searches):
             share = (deadline - self.clock()) / (len(searches) - i)
-            self.say(f"tune: {e} on {n} target(s), {len(grid)} settings, {share:.0f}s")
+            count = len(grid) + (default not in grid)
+            self.say(f"tune: {e} on {n} target(s), {count} settings, {share:.0f}s")
 
             def one(s: Setting, rnd: int, e: str = e, n: int = n) -> Trial:
                 return trial(e, n, s, rnd)
+
+            def said(m: str, e: str = e, n: int = n) -> None:
+                self.say(f"  {e} x{n} {m}")
 
             found = halving(
                 grid,
@@ -127,7 +133,7 @@ class Tuner:
                 self.clock() + share,
                 slowest,
                 self.clock,
-                lambda m, e=e, n=n: self.say(f"  {e} x{n} {m}"),
+                said,
             )
             slowest = max([slowest, *(t.wall_s for t in found.trials)])
             self.done.append(result(n, e, found))

@@ -1,8 +1,8 @@
 """The search of one engine's knobs on one target set: successive halving over its grid, inside a
 deadline.
 
-Round 0 tries every candidate once (the engine's default first, then the grid; the grid thinned
-evenly when the time left holds fewer trials than it has settings); each later round tries the
+Round 0 tries every candidate once (the engine's default first, then the grid, thinned evenly
+when the time left after the default's trial holds fewer trials than the grid has settings); each later round tries the
 better half of the last round's survivors once more, ranked by the median of all their trials,
 until one is left or the time is spent. Within a round the survivors take turns, and every other
 round runs them in reverse, so that a drift of the device (a cache filling, a neighbour's load)
@@ -64,8 +64,6 @@ class Search:
         return statistics.median(s) if s else 0.0
 
 
-
-
 def thin(grid: list[Setting], default: Setting, n: int) -> list[Setting]:
     """`n` settings of `grid`: the default first, then others spread evenly across the grid."""
     rest = [g for g in grid if g != default]
@@ -103,12 +101,18 @@ def halving(
             + (f"failed: {t.error}" if t.error else f"{t.gbps:.2f} GB/s ({t.wall_s:.1f} s)")
         )
 
+    # The default first: its trial measures what a trial costs, before the grid is thinned to
+    # what the time left holds.
+    if fits():
+        run(default, 0)
     n_fit = int((deadline - clock()) // max(slowest, 1e-3))
-    alive = thin(grid, default, n_fit)
+    alive = thin(grid, default, n_fit + 1)
     rnd = 0
     while True:
         order = alive if rnd % 2 == 0 else list(reversed(alive))
         for s in order:
+            if rnd == 0 and s == default and any(t.setting == default for t in search.trials):
+                continue  # tried above
             if not fits():
                 break
             run(s, rnd)
@@ -122,6 +126,9 @@ def halving(
             search.stopped = "one left"
             break
         alive = ranked[: math.ceil(len(ranked) / 2)]
+        if len(alive) == 1:
+            search.stopped = "one left"
+            break
         rnd += 1
         if not fits():
             search.stopped = "out of time"
