@@ -84,10 +84,8 @@ def knob_grid(
     for knob, values in (ranges or {}).items():
         where = f"tune.{name}.{knob}"
         if knob not in knobs:
-            declared = ", ".join(knobs) or "none"
-            raise UserError(
-                f"{where}: not a knob tune can search for {name} (its knobs: {declared})"
-            )
+            known = ", ".join(knobs) or "none"
+            raise UserError(f"{where}: not a knob tune can search for {name} (its knobs: {known})")
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: expected a non-empty list of values, got {values!r}")
         for v in values:
