@@ -233,8 +233,14 @@ def test_run_tuned_applies_the_knobs_and_says_so(tuned, tmp_path: Path):
     (run,) = list(out.iterdir())
     env = json.loads((run / "env.json").read_text())
     assert env["tuned"]["profile"] == str(edited)
+    r = d["results"][0]
     assert env["tuned"]["applied"] == {
-        "cpu-single": {"ssd_count": 1, "knobs": {"threads_per_target": 3, "chunk_bytes": 2 * MiB}}
+        "cpu-single": {
+            "ssd_count": 1,
+            "knobs": {"threads_per_target": 3, "chunk_bytes": 2 * MiB},
+            "default_GBps": r["default_GBps"],
+            "tuned_GBps": r["best_GBps"],
+        }
     }
     assert len(env["tuned"]["sha256"]) == 64
     opts = env["config"]["engine_options"]["cpu-single"]

@@ -186,7 +186,13 @@ def choose(prof: Profile, engines: list[str], ssd_counts: list[int]) -> dict[str
         top = max(ssd_counts)
         fit = [r for r in mine if r.ssd_count <= top] or mine
         r = max(fit, key=lambda r: r.ssd_count)
-        out[e] = {"ssd_count": r.ssd_count, "knobs": dict(r.best or {})}
+        out[e] = {
+            "ssd_count": r.ssd_count,
+            "knobs": dict(r.best or {}),
+            # what the tune measured, for a report's default vs tuned
+            "default_GBps": r.default_GBps,
+            "tuned_GBps": r.best_GBps,
+        }
     return out
 
 
