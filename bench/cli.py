@@ -102,11 +102,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     try:
         d = t.run()
     except KeyboardInterrupt:
-        tried = "; ".join(
-            f"{r['engine']} x{r['ssd_count']}: {len(r['trials'])} trials" for r in t.done
-        )
+        done = ", ".join(f"{r['engine']} x{r['ssd_count']}" for r in t.done) or "none"
+        last = ""
+        if t.tried:
+            e, n, tr = t.tried[-1]
+            last = f"; the last: {e} x{n} " + " ".join(f"{k}={v}" for k, v in tr.setting.items())
         print(
-            f"ckptbench: tune interrupted, no profile written; finished searches: {tried or 'none'}",
+            f"ckptbench: tune interrupted, no profile written; {len(t.tried)} trial(s) run "
+            f"(raw rows under {args.output}/), searches finished: {done}{last}",
             file=sys.stderr,
         )
         return 130

@@ -321,3 +321,32 @@ def test_tuner_refuses_a_config_with_nothing_to_tune(tmp_path):
     t = Tuner(str(cfg), [], 60.0, str(tmp_path), say=lambda _: None)
     with pytest.raises(UserError, match="torch-save: no knobs to tune"):
         t.plan()
+
+
+def test_an_interrupted_tune_writes_no_profile_and_says_what_was_tried(
+    tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C during the second trial (a fake trial stands in for the save: the interrupt is
+    what is tested)."""
+    from bench.run.tune import trials
+
+    calls = []
+
+    def trial(self, engine, n, setting, rnd):
+        calls.append(setting)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return Trial(setting, rnd, 1.0, 0.01, "run-1")
+
+    monkeypatch.setattr(trials.Trials, "run", trial)
+    cfg = write_config(tmp_path)
+    prof = tmp_path / "p.yaml"
+    code = main(["tune", str(cfg), "--budget", "30s", "-o", str(prof), "--output", str(tmp_path)])
+    assert code == 130 and not prof.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tune-")]
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "ckptbench: tune interrupted, no profile written; 1 trial(s) run (raw rows under "
+        f"{tmp_path}/), searches finished: none; the last: cpu-single x1 threads_per_target=2 "
+        f"chunk_bytes={MiB} staging_chunks=0"
+    )

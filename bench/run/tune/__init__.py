@@ -46,7 +46,8 @@ class Tuner:
     size: int | None = None  # the trial state's bytes (default: trials.state_size)
     trial: Callable[[str, int, Setting, int], Trial] | None = None  # default: a real save
     started: float | None = None  # when the budget began on `clock` (default: at run())
-    done: list[dict[str, Any]] = field(default_factory=list)
+    done: list[dict[str, Any]] = field(default_factory=list)  # the searches finished
+    tried: list[tuple[str, int, Trial]] = field(default_factory=list)  # every trial, in order
     skipped: dict[str, str] = field(default_factory=dict)
 
     def plan(self) -> tuple[config_mod.Config, list[tuple[int, str, list[Setting], Setting]]]:
@@ -121,7 +122,9 @@ class Tuner:
             self.say(f"tune: {e} on {n} target(s), {count} settings, {share:.0f}s")
 
             def one(s: Setting, rnd: int, e: str = e, n: int = n) -> Trial:
-                return trial(e, n, s, rnd)
+                got = trial(e, n, s, rnd)
+                self.tried.append((e, n, got))
+                return got
 
             def said(m: str, e: str = e, n: int = n) -> None:
                 self.say(f"  {e} x{n} {m}")
