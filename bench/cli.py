@@ -30,6 +30,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from bench.config import sweep as config
     from bench.run import launch  # keep `--help` fast
 
+    if args.tuned and args.nproc:
+        raise UserError("--tuned: a tuned profile applies to one-process runs; drop --nproc")
     code = launch.cli_run(args)  # --nproc, a `ranks:` section, or a rank under torchrun
     if code is not None:
         return code
@@ -434,7 +436,10 @@ def parser() -> argparse.ArgumentParser:
     tu.add_argument("--targets", nargs="+", metavar="PATH", help="instead of the config's")
     tu.add_argument("--budget", default="60s", help="wall time of the whole tune (default 60s)")
     tu.add_argument(
-        "-o", "--profile", default="tuned.yaml", help="the profile to write (default tuned.yaml)"
+        "-o",
+        "--profile",
+        default="results/tuned.yaml",
+        help="the profile to write (default results/tuned.yaml)",
     )
     tu.add_argument("--output", default="results", help="trials' results root (default: results)")
     tu.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for run")
