@@ -350,3 +350,30 @@ def test_an_interrupted_tune_writes_no_profile_and_says_what_was_tried(
         f"{tmp_path}/), searches finished: none; the last: cpu-single x1 threads_per_target=2 "
         f"chunk_bytes={MiB} staging_chunks=0"
     )
+
+
+def test_targets_on_the_command_line_replace_the_configs(tmp_path, capsys, monkeypatch):
+    """`--targets`: the searches run there and the profile records them (a fake trial stands in
+    for the save: what is tested is where the tune points)."""
+    from bench.run.tune import trials
+
+    seen = []
+
+    def trial(self, engine, n, setting, rnd):
+        seen.append(self.config(engine, n, setting).resolved_targets()[:n])
+        return Trial(setting, rnd, float(setting["threads_per_target"]), 0.01, "run-1")
+
+    monkeypatch.setattr(trials.Trials, "run", trial)
+    cfg = write_config(tmp_path)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    prof = tmp_path / "p.yaml"
+    code = main(
+        ["tune", str(cfg), "--targets", str(other), "--budget", "30s", "-o", str(prof)]
+        + ["--output", str(tmp_path / "results")]
+    )
+    assert code == 0, capsys.readouterr().err
+    d = yaml.safe_load(prof.read_text())
+    assert [t["path"] for t in d["targets"]] == [str(other)]
+    assert seen and all(s == [str(other)] for s in seen)
+    assert d["results"][0]["best"]["threads_per_target"] == 2  # the planted best of [1, 2]
