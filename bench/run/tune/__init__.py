@@ -26,9 +26,10 @@ from bench.run.tune import profile
 from bench.run.tune.search import Search, Setting, Trial, halving
 from bench.run.tune.trials import Trials, state_size, tensor_size
 
-# The least a trial takes here: one in-process sweep of one case around the save (its
-# environment block, the host's idle baseline, the restore and comparison), measured on the
-# 2-core development VM with a 64 MiB state (bench/run/tune/trials.py); the save adds its bytes.
+# A floor under what a trial costs: one in-process sweep of one case around the save (its
+# environment block, the host's idle baseline, the restore and comparison) took 2.3-3.9 s for
+# 8-64 MiB states on the loaded 2-core development VM, so a budget refused for less than two
+# trials a search at 1.5 s each could not have held them.
 MIN_TRIAL_S = 1.5
 MIN_TRIALS = 2  # per search: the default and one other setting, or nothing is tuned
 

@@ -64,7 +64,8 @@ class Trials:
             engine_options={engine: {**opts, **setting}},
             ceilings={**(raw.get("ceilings") or {}), "enabled": False},
         )
-        raw.pop("tune", None)
+        for key in ("tune", "mlperf", "ranks"):  # one process, one synthetic state
+            raw.pop(key, None)
         return config_mod.from_dict(raw, f"config {self.config_path}")
 
     def run(self, engine: str, n_targets: int, setting: Setting, rnd: int) -> Trial:
