@@ -246,6 +246,17 @@ def test_run_tuned_applies_the_knobs_and_says_so(tuned, tmp_path: Path):
     opts = env["config"]["engine_options"]["cpu-single"]
     assert opts["threads_per_target"] == 3 and opts["chunk_bytes"] == 2 * MiB
     assert opts["checksums"] is True  # the config's other options kept
+    # the report's section: the knobs, the tune's numbers and this run's
+    from analysis import runs
+    from analysis.report import tuning
+
+    loaded = runs.load(str(run))
+    assert tuning.present(loaded)
+    (row,) = tuning.rows(loaded)
+    assert row["knobs"] == f"chunk_bytes={2 * MiB} threads_per_target=3"  # env.json sorts keys
+    assert (row["default"], row["tuned"]) == (r["default_GBps"], r["best_GBps"])
+    assert row["run"] > 0 and row["ceiling"] is None  # ceilings off in this run
+    assert tuning.headline(loaded, [row]).startswith(f"Run with the knobs of {edited}: ")
 
 
 # -- refusals ------------------------------------------------------------------------------------
