@@ -10,6 +10,17 @@ from typing import Any
 from analysis.report.doc import Doc
 from analysis.runs import Run
 
+HEADERS = [
+    "engine",
+    "tuned on SSDs",
+    "run SSDs",
+    "knobs",
+    "default GB/s (tune)",
+    "tuned GB/s (tune)",
+    "this run GB/s",
+    "ceiling GB/s",
+]
+
 
 def present(run: Run) -> bool:
     return bool(run.env.get("tuned"))
@@ -60,8 +71,8 @@ def headline(run: Run, table: list[dict[str, Any]]) -> str:
         f"Run with the knobs of {src}: the most the defaults lost was {r['engine']}'s, "
         f"{r['default']:.2f} GB/s durable against {r['tuned']:.2f} tuned "
         f"({r['tuned'] / r['default']:.2f}x) on {r['ssds']} SSD(s); this run wrote "
-        f"{_g(r['run'])} GB/s with it on {r['run_ssds']} SSD(s), against a ceiling of "
-        f"{_g(r['ceiling'])}."
+        f"{_g(r['run'])} GB/s with it on {r['run_ssds']} SSD(s)"
+        + (f", against a ceiling of {r['ceiling']:.2f}." if r["ceiling"] is not None else ".")
     )
 
 
@@ -70,16 +81,7 @@ def tuning_section(d: Doc, run: Run) -> None:
     d.h(2, "What the defaults lose")
     d.p(headline(run, table))
     d.table(
-        [
-            "engine",
-            "tuned on SSDs",
-            "run SSDs",
-            "knobs",
-            "default GB/s (tune)",
-            "tuned GB/s (tune)",
-            "this run GB/s",
-            "ceiling GB/s",
-        ],
+        HEADERS,
         [
             [
                 r["engine"],
