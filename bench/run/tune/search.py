@@ -1,13 +1,13 @@
 """The search of one engine's knobs on one target set: successive halving over its grid, inside a
 deadline.
 
-Round 0 tries every candidate once (the engine's default first, then the grid, thinned evenly
-when the time left after the default's trial holds fewer trials than the grid has settings); each later round tries the
-better half of the last round's survivors once more, ranked by the median of all their trials,
-until one is left or the time is spent. Within a round the survivors take turns, and every other
-round runs them in reverse, so that a drift of the device (a cache filling, a neighbour's load)
-does not favour the settings tried first. A trial starts only if the slowest trial so far still
-ends before the deadline.
+Round 0 tries every candidate once: the engine's default first, then the grid, thinned evenly
+when the time left after the default's trial holds fewer trials than the grid has settings. Each
+later round tries the better half of the last round's survivors once more, ranked by the median
+of all their trials, until one is left or the time is spent. Within a round the survivors take
+turns, and every other round runs them in reverse, so that a drift of the device (a cache
+filling, a neighbour's load) does not favour the settings tried first. A trial starts only if the
+slowest trial so far still ends before the deadline.
 
 The trial itself is a function handed in (bench.run.tune.trials runs a real durable save), so the
 search is tested against a planted landscape.
