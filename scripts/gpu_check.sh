@@ -107,7 +107,7 @@ rc=$((verified ? 1 : 0))
 step engines 60 "$PYTHON" -m bench engines || rc=1
 # The real-kvikio tests first: short, and they must not be starved by a long run.
 step "the gpu tests" 150 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_gds_fake.py tests/test_engines.py || rc=1
+    tests/test_gds_kvikio_io.py tests/test_engines.py || rc=1
 
 # The stages, sized to the time left and the disk found (scripts/gpu_sizing.py), most valuable
 # first; the table keeps 30 s. After the first stage the others are sized again, their

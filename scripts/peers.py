@@ -4,7 +4,7 @@ itself, in one alternating run (`make peers`).
 Every method saves the same state (random bytes, 64 MiB tensors) into one target, one after the
 other, repetition by repetition: the page cache dropped before every save (when root), every save
 durable (fsync). Then each restores as its best user restarts (bench.run.restart, timed by
-bench.run.rows.restore_phase): into the state's own tensors, scrubbed first, its pages evicted;
+bench.run.protocol.restore_phase): into the state's own tensors, scrubbed first, its pages evicted;
 in place where its API can, else its loader and the copy into the state; checked against the
 source's fingerprints. Beside them fio writes the same number of bytes with O_DIRECT (libaio,
 queue depth 16, 8 MiB blocks, end_fsync) into a preallocated file and reads them back with
@@ -38,7 +38,8 @@ from bench.measure.ceilings import Ceilings, Measured, Method, builtin
 from bench.measure.ceilings.data import make_read_files, remove_files
 from bench.measure.ceilings.fio import fio_env, fio_version
 from bench.measure.ceilings.memory import copy_bandwidth, d2h_bandwidth
-from bench.run import rows as phases
+from bench.run import protocol
+from bench.run import rows as rowlib
 from bench.storage import verify
 from bench.workloads import synthetic_state
 
@@ -112,9 +113,9 @@ def builtin_read(target: str, nbytes: int) -> float:
 
 
 def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep: int) -> Any:
-    """One restart of checkpoint `name` into `state` (bench.run.rows.restore_phase: scrubbed,
+    """One restart of checkpoint `name` into `state` (bench.run.protocol.restore_phase: scrubbed,
     evicted, the load timed, the destination checked against `want`); its row."""
-    n, total = phases.tensor_stats(state)
+    n, total = rowlib.tensor_stats(state)
     row = results.Row(
         run_id="peers",
         case_id=name,
@@ -130,12 +131,12 @@ def restart(eng: Any, name: str, state: Any, want: Any, dev: devices.Device, rep
         warmup=False,
         cache_dropped=True,
         dtype="float32",
-        options=phases.options_json(eng),
+        options=rowlib.options_json(eng),
     )
     try:
-        phases.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
+        protocol.restore_phase(row, eng, eng.name, state, name, dev, True, fingerprint=want)
     except Exception as e:  # the row says it, the table counts it as unverified
-        row.error, row.verified = phases.error_text(e), False
+        row.error, row.verified = rowlib.error_text(e), False
     return row
 
 
@@ -206,7 +207,8 @@ def main() -> int:
             }
         )
         for name, label, eng in made:
-            gc.collect()  # the last restore's garbage is not this save's (bench.run.rows.save_phase)
+            # the last restore's garbage is not this save's (bench.run.protocol.save_phase)
+            gc.collect()
             measure.drop_page_cache()
             # The harness's clock around the save, as in a sweep (bench.measure.clock)
             timed = clock.clocked(eng).save(state, f"peers-{rep}")

@@ -1,4 +1,5 @@
-"""Shared fixtures: scratch directories on a disk-backed filesystem, target sets, engines.
+"""Shared fixtures: scratch directories on a disk-backed filesystem, target sets, engines, and the
+gds engine over fake kvikio and fake CUDA (tests/fake_kvikio.py).
 
 Scratch space lives under $CKPTBENCH_SCRATCH, else `<repo>/scratch/tests`, never /tmp: /tmp is
 often tmpfs, which refuses O_DIRECT, and the O_DIRECT engines (cpu-single, gds) would all skip.
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,10 +19,13 @@ from typing import Any
 
 import pytest
 import torch
+from fake_kvikio import FakeCuda, FakeCudart, FakeKvikio
 
 from bench import engines
+from bench.common.devices import Device
+from bench.engines import gds
 from bench.measure import results
-from bench.storage import odirect
+from bench.storage import odirect, staging
 
 REPO = Path(__file__).resolve().parent.parent
 # Tests parametrise over the registry: a new engine is tested by what its traits say it is.
@@ -38,6 +43,12 @@ QUICK_CEILINGS = {
     "buffered_jobs": [1],
     "probes": False,
 }
+
+
+# The host's idle baseline (the config's `host_baseline_s`) for sweeps whose host-cost figures
+# the test does not read: 2 x 0.05 s instead of 2 x 0.5 s a sweep. tests/test_hostcost.py runs
+# its sweeps with the real one.
+QUICK_BASELINE_S = 0.05
 
 
 def result_row(**cells: Any) -> results.Row:
@@ -159,8 +170,6 @@ def read_manifest(dirs: list[str], name: str = "ckpt") -> dict[str, Any]:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Fake device memory (tests/fake_kvikio.py), seen as CUDA memory by the gds engine's
     seam; engines asking for device=cuda get a Device of kind cuda whose memory is the fake's."""
-    from fake_kvikio import FakeCuda
-
     return FakeCuda().install(monkeypatch)
 
 
@@ -222,3 +231,109 @@ def assert_glossary_complete(md: str) -> None:
         for name in TERMS[h].of:
             if ":" not in name:
                 assert f"- `{name}`: {docs[name]}" in glossary, name
+
+
+# -- the gds engine over fake kvikio and fake CUDA (tests/test_gds_*.py) --------------------------
+
+# A CUDA Device whose memory is the host's: the gds engine's device branches run under the fakes.
+FAKE_CUDA_DEVICE = Device("cuda", torch.device("cpu"))
+
+
+@pytest.fixture
+def fake_kvikio(monkeypatch, tmp_path, fake_cuda) -> Iterator[Callable[..., FakeKvikio]]:
+    """`fake_kvikio(**knobs)` makes `import kvikio` import a FakeKvikio and returns it; its
+    nvidia-fs statistics are a file the engine is pointed at (`nvfs_stats=None`: no driver
+    statistics at all)."""
+    made: list[FakeKvikio] = []
+
+    def install(**kw: Any) -> FakeKvikio:
+        kw.setdefault("allocation_of", fake_cuda.allocation_of)
+        kw.setdefault("nvfs_stats", str(tmp_path / f"nvidia-fs-stats-{len(made)}"))
+        fake = FakeKvikio(**kw).install(monkeypatch)
+        monkeypatch.setattr(gds.labels, "NVFS_STATS", kw["nvfs_stats"] or str(tmp_path / "absent"))
+        made.append(fake)
+        return fake
+
+    yield install
+    for fake in made:
+        fake.uninstall()
+
+
+class _Refuse:
+    """A meta-path finder for `kvikio` that fails the way a machine without it (or without the
+    libraries it loads) does."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] == "kvikio":
+            raise self.error
+        return None
+
+
+@pytest.fixture
+def no_kvikio(monkeypatch) -> Callable[[BaseException | None], None]:
+    """`no_kvikio(error)`: `import kvikio` raises `error` (default: not installed)."""
+
+    def install(error: BaseException | None = None) -> None:
+        for name in list(sys.modules):
+            if name.split(".")[0] in ("kvikio", "libkvikio"):
+                monkeypatch.delitem(sys.modules, name)
+        err = error or ModuleNotFoundError("No module named 'kvikio'", name="kvikio")
+        monkeypatch.setattr(sys, "meta_path", [_Refuse(err), *sys.meta_path])
+
+    return install
+
+
+@pytest.fixture
+def fake_cudart(monkeypatch) -> FakeCudart:
+    rt = FakeCudart()
+    monkeypatch.setattr(staging, "cudart", lambda: rt)
+    return rt
+
+
+def sample_state() -> dict[str, torch.Tensor]:
+    """A small host state of awkward tensors: strided, bfloat16, an unaligned view, a scalar,
+    an empty one."""
+    g = torch.Generator().manual_seed(0)
+    flat = torch.randint(-(2**40), 2**40, (6000,), generator=g)
+    return {
+        "w": torch.randn(96, 80, generator=g),
+        "wt": torch.randn(40, 70, generator=g).t(),  # non-contiguous: copied first
+        "half": torch.randn(4097, generator=g).to(torch.bfloat16),
+        "offset_view": flat[3:5003],  # contiguous, unaligned start
+        "step": torch.tensor(7.0),  # an optimizer's step: stays on the host
+        "empty": torch.empty(0, 3),
+    }
+
+
+def mixed_state(cuda: FakeCuda) -> dict[str, torch.Tensor]:
+    """The sample state in fake device memory, but for `step`, which stays on the host."""
+    return cuda.to_device(sample_state(), keep_on_host=("step",))
+
+
+def kvikio_engine(make_engine: Any, dirs: list[str], **opts: Any) -> Any:
+    """gds through the fake kvikio; each tensor written from its own memory unless the test
+    turns coalescing on (test_coalesced_*)."""
+    opts = {"io": "kvikio", "device": "cuda", "chunk_bytes": "8KiB", "coalesce_below": 0, **opts}
+    return make_engine("gds", dirs, **opts)
+
+
+def data_files(dirs: list[str], m: dict[str, Any], name: str = "ckpt") -> dict[int, str]:
+    return {int(t): os.path.join(dirs[int(t)], name, i["file"]) for t, i in m["files"].items()}
+
+
+# -- the committed default run the analysis tests read (tests/test_analysis_*.py) ----------------
+
+# A trimmed real default run (host-emulated), committed under tests/fixtures/runs.
+DEFAULT_RUN = REPO / "tests" / "fixtures" / "runs" / "20261202T160516Z-default-b10c3b"
+
+
+@pytest.fixture(scope="session")
+def default_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """DEFAULT_RUN's report (analysis.report.build.Report), built once for the whole test run:
+    a build draws every figure as PNG and PDF, and several test files read the same report."""
+    from analysis.report.build import build
+
+    return build(str(DEFAULT_RUN), str(tmp_path_factory.mktemp("default-report")))

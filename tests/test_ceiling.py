@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import QUICK_BASELINE_S
 
 from bench.common import devices
 from bench.common.traits import BUILTIN
@@ -821,6 +822,7 @@ def _sweep_raw(scratch: Path, **ceilings: Any) -> dict[str, Any]:
     (scratch / "t0").mkdir(exist_ok=True)
     return {
         "name": "ceil",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-double"],
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["1MiB"],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import QUICK_CEILINGS
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS
 
 from bench.storage import odirect
 
@@ -40,6 +40,7 @@ def write_config(scratch: Path, **changes: object) -> Path:
         targets.append(str(d))
     raw = {
         "name": "tiny",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ENGINES,
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["1MiB", "8MiB", "16MiB"],

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUICK_CEILINGS, result_row
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS, result_row
 
 from bench import engines
 from bench.common import devices
@@ -24,7 +24,7 @@ from bench.engines import options as opts
 from bench.engines.base import PendingSave, SaveResult
 from bench.engines.cpu_single import CpuSingle
 from bench.measure import clock
-from bench.run import rows
+from bench.run import protocol
 from bench.run.sweep import Sweep
 from bench.run.training import loop
 from bench.storage import odirect
@@ -92,6 +92,7 @@ def test_the_sweeps_rows_hold_the_work_after_the_engines_timer(planted: str, scr
     cfg = config.from_dict(
         {
             "name": "planted",
+            "host_baseline_s": QUICK_BASELINE_S,
             "engines": [planted],
             "total_sizes": ["4MiB"],
             "tensor_sizes": ["1MiB"],
@@ -213,7 +214,7 @@ def test_a_persist_error_reaches_wait_and_the_row() -> None:
             return pending
 
     with pytest.raises(OSError, match="No space left"):
-        rows.save_phase(result_row(), Failing(), None, "ck", None)
+        protocol.save_phase(result_row(), Failing(), None, "ck", None)
 
 
 def test_join_waits_for_a_failed_save_and_leaves_its_error_to_wait() -> None:

@@ -240,6 +240,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
             "models.0.expert_parallel: Input should be greater than 0, got 0",
         ),
         ({"name": "a/b"}, "name: 'a/b' must be a non-empty name without '/'"),
+        ({"host_baseline_s": 0}, "host_baseline_s: Input should be greater than 0, got 0"),
     ],
 )
 def test_bad_values_fail_with_their_key_path(scratch: Path, change: dict, says: str) -> None:

@@ -1,11 +1,12 @@
 """Crash consistency: a save SIGKILLed at any moment never costs a committed checkpoint.
 
-For each striped engine, over 2 targets: the parent commits checkpoint "X" (a 192 MiB state of
-seed 1) and "Y" (a small one). A child process (tests/crash_child.py) builds the state of the
-other seed, says READY, starts saving "X" on GO and says DONE once durable. The parent measures
-two uninterrupted saves, then kills children with SIGKILL at delays spread from 0 to 1.1 times
-the faster one's duration after GO (the snapshot, writes on either target, the manifest's commit, the
-removal of the old generation) and a few after DONE. After each kill a reader must find:
+For each striped engine, over 2 targets: the parent commits checkpoint "X" (a 32 MiB state of
+seed 1, sixteen 1 MiB pieces a target) and "Y" (a small one). A child process
+(tests/crash_child.py) builds the state of the other seed, says READY, starts saving "X" on GO
+and says DONE once durable. The parent measures two uninterrupted saves, then kills children
+with SIGKILL at delays spread from 0 to 1.1 times the faster one's duration after GO (the
+snapshot, writes on either target, the manifest's commit, the removal of the old generation)
+and a few after DONE. After each kill a reader must find:
 - "X" complete, loading without error, bit-exact the old state or, only where the kill may have
   come after the commit, the new one (always the new one once DONE was said);
 - "Y" untouched;
@@ -41,9 +42,12 @@ from bench.common.errors import UserError
 from bench.storage import generations, manifest
 
 MiB = 1 << 20
-TOTAL = 192 * MiB
-TENSOR = 4 * MiB
-OPTIONS = {"device": "host-emulated", "chunk_bytes": "4MiB"}
+# As small as the checks need: each target gets 16 pieces, so that a kill can land between the
+# pieces of either target, and the kill points that matter are staged (crash_child.stop_at)
+# whatever the save's duration. Every trial builds, saves, loads and compares this state.
+TOTAL = 32 * MiB
+TENSOR = 1 * MiB
+OPTIONS = {"device": "host-emulated", "chunk_bytes": "1MiB"}
 KILLS = 20  # kills after GO, spread over 0..1.1 x an uninterrupted save's duration
 AFTER_DONE = (0.0, 0.05)  # more kills, seconds after the child said DONE (durable)
 FRESH = (0.1, 0.4, 0.7)  # kills of a fresh name's save, in fractions of the duration

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import REPO, result_row, scratch_base
+from conftest import QUICK_BASELINE_S, REPO, result_row, scratch_base
 
 from bench import engines
 from bench.common.errors import UserError
@@ -51,6 +51,7 @@ def _write_config(root: Path, raw: dict[str, Any]) -> str:
 def _raw(root: Path, **over: Any) -> dict[str, Any]:
     raw = {
         "name": "mr",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single"],
         "total_sizes": ["16MiB"],
         "tensor_sizes": ["1MiB"],

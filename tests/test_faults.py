@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import QUICK_CEILINGS
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS
 
 from analysis import runs
 from analysis.report.caveats import warnings_for
@@ -39,6 +39,7 @@ MiB = 1 << 20
 def _write_config(path: Path, **over: object) -> Path:
     raw = {
         "name": "faults",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "cpu-double", "gds"],
         "total_sizes": ["16MiB"],
         "tensor_sizes": ["1MiB"],

@@ -213,15 +213,19 @@ def test_a_kvikio_that_does_not_load_leaves_the_cpu_rows_and_a_line_saying_why(r
         d / "wheels", tmp_path / "wheels", plant=("kvikio_cu13-", f"raise ImportError({why!r})")
     )
     out = tmp_path / "out"
+    # The state, the saves and the ceilings fixed and small: what this check proves is the rows
+    # of the CPU paths and the line saying why gds did not run, not the sizing (the rehearsal
+    # proves that). Its limit is room, not a size (the sizing cannot grow a fixed state): on a
+    # busy host a tight one skips the second stage, whose rows the test reads.
     q = run(
         ["bash", "scripts/gpu_check.sh"]
         + ["--set", "device=host-emulated", "--set", "engine_options.gds.io=auto"]
         + ["--set", "total_sizes=[32MiB]", "--set", "tensor_sizes=[8MiB]", "--set", "models=[]"]
-        + ["--set", "ceilings.enabled=false"],
+        + ["--set", "ceilings.enabled=false", "--set", "repetitions=1"],
         OUT=str(out),
         PYTHON=str(d / "base" / "bin" / "python"),
         WHEELS=str(wheels),
-        GPU_CHECK_LIMIT="120",
+        GPU_CHECK_LIMIT="300",
     )
     assert q.returncode == 1, q.stdout[-3000:]
     assert "the CPU paths and the baselines run without gds" in q.stdout
@@ -233,5 +237,5 @@ def test_a_kvikio_that_does_not_load_leaves_the_cpu_rows_and_a_line_saying_why(r
     rows = [ln.split() for ln in table if ln.startswith("synthetic-32MiB")]
     assert [r[1] for r in rows] == ["cpu-single", "cpu-double", "torch-save", "dcp", "safetensors"]
     got = pd.concat(pd.read_csv(f) for f in out.glob("*/results.csv"))
-    assert "gds" not in set(got["engine"]) and len(got) == 5 * 3  # a warm-up and 2 saves each
+    assert "gds" not in set(got["engine"]) and len(got) == 5 * 2  # a warm-up and a save each
     assert got["verified"].all() and got["error"].isna().all()

@@ -39,7 +39,7 @@ from conftest import result_row
 from bench.engines.base import PendingSave, SaveResult
 from bench.measure import columns, hostcost, results
 from bench.measure import timers as measure
-from bench.run import rows
+from bench.run import protocol, rows
 
 BURN_S = 0.4
 TICK = 1.0 / hostcost.CLK_TCK
@@ -178,12 +178,12 @@ def busy_other() -> Iterator[None]:
 
 
 def measured(eng: BurnEngine, host: hostcost.Host) -> tuple[dict[str, Any], tuple[float, float]]:
-    """One save through rows.save_phase (as the sweep does); the row, the kernel's own work
+    """One save through protocol.save_phase (as the sweep does); the row, the kernel's own work
     over the same interval and the ticks' slack (`kernel_between`)."""
     row = result_row(total_bytes=0)
     a = kernel_work()
     try:
-        rows.save_phase(row, eng, None, "x", None, host=host)
+        protocol.save_phase(row, eng, None, "x", None, host=host)
     finally:
         eng.close()
     b = kernel_work()

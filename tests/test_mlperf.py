@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, assert_answers_first, assert_glossary_complete
+from conftest import QUICK_BASELINE_S, REPO, assert_answers_first, assert_glossary_complete
 
 from bench.common.errors import UserError
 from bench.config import sweep as config
@@ -198,6 +198,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     raw = {
         "name": "mlperf-tiny",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["dlio-style", "cpu-single"],
         "mlperf": {"preset": "llama3-8b", "scale": 0.0002, "host_procs": 2},
         "ranks": {"nproc": 2, "shard": "per_rank", "timeout_s": 60},

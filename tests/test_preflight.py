@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ENGINES, REPO, RUNNABLE
+from conftest import ENGINES, QUICK_BASELINE_S, REPO, RUNNABLE
 
 from bench.engines import REGISTRY
 from bench.engines.base import StateSize, build_options
@@ -211,6 +211,7 @@ def test_cgroup_headroom(tmp_path, monkeypatch):
 def _config(tmp: Path, **extra: Any) -> Path:
     cfg = {
         "name": "pf",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single"],
         "total_sizes": ["64MiB"],
         "tensor_sizes": ["16MiB"],

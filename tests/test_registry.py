@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENGINES, REPO
+from conftest import ENGINES, QUICK_BASELINE_S, REPO
 
 from bench import cli, engines
 from bench.common import schema
@@ -152,6 +152,7 @@ def test_a_copied_engine_runs_reports_and_is_modelled(copied_engine, scratch, ca
     cfg.write_text(
         "name: copy\nengines: [cpu-single, cpu-single-copy]\ntotal_sizes: [8MiB]\n"
         f"tensor_sizes: [1MiB]\nscratch: {scratch}/t\nrepetitions: 2\nwarmups: 0\n"
+        f"host_baseline_s: {QUICK_BASELINE_S}\n"
         "ceilings: {tool: builtin, repetitions: 1, min_bytes: 8MiB, direct_search: [[2, 8]],"
         " buffered_jobs: [1]}\n"
         "engine_options: {cpu-single-copy: {chunk_bytes: 1MiB}, cpu-single: {chunk_bytes: 1MiB}}\n"

@@ -1,7 +1,7 @@
 """report.md's shape on the committed fixture runs: each section answers its question first, in
 a sentence with the run's numbers, then its figure, then its table's first columns; the whole
 tables under All columns; a glossary of every column at the end, from the row types' docs.
-(The report's numbers and wording section by section: test_analysis.py, test_cost.py,
+(The report's numbers and wording section by section: test_analysis_*.py, test_cost.py,
 test_contention.py, test_training.py, test_mlperf.py.)"""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 from conftest import RUNNABLE, bits
 
 from bench.common.devices import detect
-from bench.run import restart, rows
+from bench.run import protocol, restart
 from bench.storage import readback, scrub, verify
 from bench.workloads.synthetic import synthetic_state
 
@@ -61,7 +61,7 @@ def _saved(make_engine, targets, engine: str, state: Any, **options: Any) -> Any
 
 def _restart(eng: Any, engine: str, state: Any, want: list, load: Any = None) -> Any:
     row = _row(engine)
-    rows.restore_phase(
+    protocol.restore_phase(
         row, eng, engine, state, "ckpt", detect("host-emulated"), True, load=load, fingerprint=want
     )
     return row
@@ -173,7 +173,7 @@ def test_a_fresh_restore_leaves_the_source_as_it_was(make_engine, targets):
     before = {k: bits(t).clone() for k, t in state.items()}
     eng = _saved(make_engine, targets, "cpu-single", state)
     row = _row("cpu-single")
-    rows.restore_phase(row, eng, "cpu-single", state, "ckpt", detect("host-emulated"), True)
+    protocol.restore_phase(row, eng, "cpu-single", state, "ckpt", detect("host-emulated"), True)
     assert (row.restore_into, row.verified) == (restart.FRESH, True)
     assert all(torch.equal(bits(t), before[k]) for k, t in state.items())
 
@@ -284,8 +284,8 @@ def test_gds_emulation_restarts_whole_blocks_straight_into_the_tensors(
     if shape == "aligned":
         state: dict[str, torch.Tensor] = synthetic_state(800 * KiB, 200 * KiB, seed=6)
     elif shape == "unaligned":
-        state = {f"t{i:05d}": torch.randn(50 * KiB) for i in range(4)}
-        assert any(t.data_ptr() % 4096 for t in state.values())
+        state = _unaligned(4, 200 * KiB)
+        assert all(t.data_ptr() % 4096 for t in state.values())
     else:  # sizes that end inside a block, small ones among them
         g = torch.Generator().manual_seed(1)
         state = {f"t{i:05d}": torch.randn(n, generator=g) for i, n in enumerate([25001, 3, 70001])}
@@ -319,7 +319,7 @@ def test_a_restart_read_straight_into_the_tensors_does_not_grow_a_bounded_stagin
     held = eng.staging.capacity
     row = _restart(eng, "cpu-single", state, want)
     assert (row.verified, eng.staging.capacity) == (True, held)
-    ring = {f"t{i:05d}": torch.randn(16 * KiB) for i in range(4)}  # unaligned: the ring
+    ring = _unaligned(4, 64 * KiB)  # no tensor on a page: the ring
     eng.save(ring, "ckpt").wait()
     row = _restart(eng, "cpu-single", ring, verify.fingerprint(ring))
     assert row.verified and eng.staging.capacity > held

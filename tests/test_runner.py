@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import QUICK_CEILINGS, scratch_base
+from conftest import QUICK_BASELINE_S, QUICK_CEILINGS, scratch_base
 
 from analysis import runs
 from analysis.model.calibrate import _point, from_run, near
@@ -29,7 +29,7 @@ from bench.common import devices
 from bench.common.errors import UserError
 from bench.config import sweep as config
 from bench.engines import REGISTRY
-from bench.measure import detail, results
+from bench.measure import detail, hostcost, results
 from bench.measure import timers as measure
 from bench.measure.ceilings import DIRECT_WRITE, RunCeilings
 from bench.run import plan
@@ -54,6 +54,7 @@ def tiny_raw(targets: list[str]) -> dict[str, Any]:
     """
     return {
         "name": "tiny",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ENGINES,
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["1MiB", "8MiB", "16MiB"],
@@ -115,6 +116,35 @@ def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
     assert tiny["runner"].failures == 0
     assert os.path.basename(tiny["run_dir"]) == tiny["runner"].run_id
     assert sorted(os.listdir(tiny["run_dir"])) == ["env.json", "results.csv"]
+
+
+def test_tiny_run_ran_a_plan_decided_whole_and_frozen(tiny: dict[str, Any]) -> None:
+    """The plan the sweep ran was complete before the first save (every case's verdict, the
+    rows already done, the page-cache policy, env.json's preflight block) and cannot be
+    changed after."""
+    r, cfg = tiny["runner"], tiny["cfg"]
+    p = r.plan
+    assert isinstance(p, plan.RunPlan)
+    assert [g.key for g in p.groups] == ["x1", "x2"]
+    assert p.done == frozenset()  # a new run
+    engines_at = {n: plan.engines_at(cfg, p.engines, n) for n in cfg.ssd_counts}
+    assert set(p.verdicts) == {
+        (wl.id, g.key, e) for g in p.groups for wl in p.workloads for e in engines_at[g.n]
+    }
+    assert all(v.restore is not None for v in p.verdicts.values())
+    assert {row["cache_dropped"] for row in tiny["rows"]} == {str(p.cache_dropped)}
+    with open(os.path.join(tiny["run_dir"], "env.json")) as f:
+        assert json.load(f)["preflight"] == json.loads(json.dumps(dict(p.preflight)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cache_dropped = not p.cache_dropped
+
+
+def test_tiny_run_watches_the_host_at_rest_for_its_configs_baseline(tiny: dict[str, Any]) -> None:
+    """The idle baseline lasts the config's host_baseline_s, before the saves and after them."""
+    env = json.loads(Path(tiny["run_dir"], "env.json").read_text())
+    for when in ("baseline", "baseline_after"):
+        took = env["host_cost"][when]["seconds"]
+        assert QUICK_BASELINE_S <= took < hostcost.BASELINE_S, (when, took)
 
 
 def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any]) -> None:
@@ -315,6 +345,7 @@ def small(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     targets = make_targets(scratch, 1)
     return {
         "name": "small",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "torch-save"],
         "total_sizes": ["8MiB"],
         "tensor_sizes": ["4MiB"],
@@ -545,6 +576,7 @@ def test_a_run_without_verification_reports(scratch: Path) -> None:
     targets = make_targets(scratch, 1)
     raw = {
         "name": "noverify",
+        "host_baseline_s": QUICK_BASELINE_S,
         "engines": ["cpu-single", "torch-save"],
         "total_sizes": ["4MiB"],
         "tensor_sizes": ["1MiB"],

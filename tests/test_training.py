@@ -21,7 +21,7 @@ from conftest import assert_answers_first, assert_glossary_complete, scratch_bas
 from analysis import training as tstats
 from analysis.figures.training import _step_x, training_stall
 from analysis.model import published
-from analysis.report.build import build
+from analysis.report.build import Report, build
 from bench import engines
 from bench.cli import main
 from bench.common.errors import UserError
@@ -414,9 +414,15 @@ def test_training_figure(tiny_run: tuple) -> None:
     assert "HOST-EMULATED" in fig.get_supxlabel()
 
 
-def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_report(tiny_run: tuple, tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """The tiny run's report, built once for the tests that read it."""
     run_dir, _, _ = tiny_run
-    rep = build(run_dir, str(scratch / "rep"))
+    return build(run_dir, str(tmp_path_factory.mktemp("tiny-report")))
+
+
+def test_report_of_a_training_only_run(tiny_report: Report) -> None:
+    rep = tiny_report
     names = sorted(Path(p).name for p in rep.paths)
     assert names == [
         "report.html",
@@ -425,7 +431,7 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
         "training_stall.png",
         "training_summary.csv",
     ]
-    md = (scratch / "rep" / "report.md").read_text()
+    md = (Path(rep.outdir) / "report.md").read_text()
     assert "## Stall in a real training loop" in md
     assert "> **HOST-EMULATED run (no GPU)" in md
     assert "![Figure 6](training_stall.png)" in md
@@ -448,22 +454,25 @@ def test_report_of_a_training_only_run(tiny_run: tuple, scratch: Path) -> None:
 
 
 def test_report_of_a_training_run_says_whose_clock_timed_its_stalls(
-    tiny_run: tuple, scratch: Path
+    tiny_run: tuple, tiny_report: Report, scratch: Path
 ) -> None:
     """A training run whose env.json lacks `stall_clock: harness` (made before ckptbench 0.2.0)
-    gets one line at the top of its report and in its notes; with the key, none."""
+    gets one line at the top of its report and in its notes; with the key, none. The tiny run
+    says harness: its own report is the one with the key."""
     run_dir, _, _ = tiny_run
+    assert json.loads((Path(run_dir) / "env.json").read_text())["stall_clock"] == "harness"
     said = {}
     for clock in (None, "harness"):
-        copy = scratch / f"train-{clock}"
-        shutil.copytree(run_dir, copy)
-        env = json.loads((copy / "env.json").read_text())
-        env.pop("stall_clock", None)
-        if clock:
-            env["stall_clock"] = clock
-        (copy / "env.json").write_text(json.dumps(env))
-        rep = build(str(copy), str(copy / "rep"))
-        md = (copy / "rep" / "report.md").read_text()
+        if clock == "harness":
+            rep = tiny_report
+        else:
+            copy = scratch / f"train-{clock}"
+            shutil.copytree(run_dir, copy)
+            env = json.loads((copy / "env.json").read_text())
+            env.pop("stall_clock", None)
+            (copy / "env.json").write_text(json.dumps(env))
+            rep = build(str(copy), str(copy / "rep"))
+        md = (Path(rep.outdir) / "report.md").read_text()
         said[clock] = (
             md.count("made before ckptbench 0.2.0"),
             [n for n in rep.notes if "made before ckptbench 0.2.0" in n],

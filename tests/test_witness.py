@@ -21,7 +21,7 @@ from conftest import RUNNABLE, result_row
 
 from bench import engines
 from bench.measure import timers, witness
-from bench.run import rows
+from bench.run import protocol, rows
 
 # --- recorded sysfs trees ----------------------------------------------------------------------
 
@@ -327,7 +327,7 @@ def test_every_engine_is_durable_as_a_loop_device_of_its_own_saw_it(
     state = _state()
     try:
         row = result_row(engine=engine)
-        rows.save_phase(row, eng, state, "ck", None)
+        protocol.save_phase(row, eng, state, "ck", None)
         files = witness.checkpoint_files(targets, "ck")
         size = sum(os.path.getsize(f) for f in files)
         LOOP_TABLE.append((engine, size, row.device_written_bytes or 0, row.device_flushes, "yes"))
@@ -339,7 +339,7 @@ def test_every_engine_is_durable_as_a_loop_device_of_its_own_saw_it(
         assert not row.error
         assert size <= (row.device_written_bytes or 0) <= size * 1.02 + (256 << 10)
         assert (row.device_flushes or 0) >= 1
-        rows.restore_phase(row, eng, engine, state, "ck", _host(), True)
+        protocol.restore_phase(row, eng, engine, state, "ck", _host(), True)
         assert row.verified, row.error
         assert row.restore_witness == "yes", row.restore_witness
         assert (row.device_read_bytes or 0) >= sum(
@@ -376,7 +376,7 @@ def test_a_save_whose_fsyncs_are_dropped_is_denied_and_ours_fails(
         with monkeypatch.context() as m:
             _no_sync(m)
             row = result_row(engine=engine)
-            rows.save_phase(row, eng, _state(), "ck", None)
+            protocol.save_phase(row, eng, _state(), "ck", None)
         assert row.durable_witness.startswith("no: "), row.durable_witness
         if engines.traits_of(engine).baseline:
             assert not row.error  # a library's denied save is reported, not failed
@@ -398,14 +398,14 @@ def test_a_restore_from_a_page_cache_that_was_not_dropped_is_flagged(
     state = _state()
     try:
         row = result_row(engine="cpu-double")
-        rows.save_phase(row, eng, state, "ck", None)
+        protocol.save_phase(row, eng, state, "ck", None)
         assert row.durable_witness == "yes"
         for f in eng.cached_files("ck"):
             with open(f, "rb") as fh:  # in the page cache, whatever the engine left there
                 fh.read()
         monkeypatch.setattr(timers, "evict_files", lambda paths: None)
         monkeypatch.setattr(timers, "resident_bytes", lambda paths: 0)
-        rows.restore_phase(row, eng, "cpu-double", state, "ck", _host(), True)
+        protocol.restore_phase(row, eng, "cpu-double", state, "ck", _host(), True)
         assert row.verified and row.restore_resident_bytes == 0
         assert row.restore_witness.startswith("no: "), row.restore_witness
         assert "read from loop" in row.restore_witness

@@ -141,6 +141,10 @@ class Config(Strict):
     # (bench.engines.options TUNABLE); `run` ignores it.
     tune: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()
+    # Seconds the host is watched at rest before the saves, and again after them: the idle
+    # baseline whose background rate the host-cost figures take away (bench.measure.hostcost,
+    # whose BASELINE_S is this default). Shorter only where those figures are not read.
+    host_baseline_s: Annotated[float, Field(gt=0)] = 0.5
     ranks: RanksSpec | None = None
     mlperf: MlperfSpec | None = None
 

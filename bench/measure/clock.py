@@ -10,8 +10,8 @@ what the harness cannot see: its wait for the previous save (`wait_prev_s`), its
 (`hash_s`), and how its time split between copy and write (`io_detail`).
 
 Every caller goes through here: `bench.engines.create()` returns its engine behind a `Clocked`,
-and the sweep (bench.run.rows.save_phase), the ranks, the training loop and `make peers` call
-`clocked(eng).save(...)`, which wraps an engine made any other way. Like pyperf's runner, which
+and the sweep (bench.run.protocol.save_phase), the ranks, the training loop and `make peers`
+call `clocked(eng).save(...)`, which wraps an engine made any other way. Like pyperf's runner, which
 times the benchmark and never lets it time itself (bench/PERF.md, issue 32).
 
 Runs made before ckptbench 0.2.0 took the stall from each engine's own timer, which stopped

@@ -54,7 +54,8 @@ import psutil
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
-BASELINE_S = 0.5  # the idle window a run measures before its saves (and again after)
+BASELINE_S = 0.5  # the idle window a run measures before its saves (and again after); a
+# config's `host_baseline_s` (bench.config.sweep.Config, same default) sets it for its run
 
 # One process: (ppid, kernel thread, utime, stime, cutime, cstime) in ticks.
 Proc = tuple[int, bool, int, int, int, int]

@@ -27,7 +27,7 @@ from bench.storage.manifest import fsync_dir
 class Row:
     """A row of results.csv: one repetition of one case (per rank under torchrun, plus one
     aggregate row). Built with the case's identity (the fields without a default), then filled
-    phase by phase (bench.run.rows: the save until durable, the restore and its comparison).
+    phase by phase (bench.run.protocol: the save until durable, the restore and its comparison).
 
     Single-process rows: rank 0, world_size 1, node = this host, node_rank 0, aggregate False,
     ranks_active 1, target_map "". Aggregate rows: rank -1, node "", node_rank -1, aggregate

@@ -2,7 +2,7 @@
 workload build the state (a rank's shard under torchrun), warm the engines, drop the page
 cache, probe the ceilings after the warm-ups, then run the repetitions with the engines
 alternating. One repetition is the same on every rank: a barrier, the save until durable
-(bench.run.rows.save_phase), a barrier, the restore and its comparison, the rows gathered to
+(bench.run.protocol.save_phase), a barrier, the restore and its comparison, the rows gathered to
 rank 0, which writes them (and the aggregate row under torchrun) before the next save."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import traceback
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import sizes
 from bench.common.errors import UserError
@@ -21,22 +21,23 @@ from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings
 from bench.measure.clock import Clocked
 from bench.run import distributed as dist
-from bench.run import plan, preflight, rows
+from bench.run import plan, preflight, protocol, rows
 from bench.run.ceiling_runs import CeilingRunner
 from bench.run.core import Core
 from bench.run.plan import Group, RunPlan, Workload
 from bench.storage import verify
 
+if TYPE_CHECKING:
+    from bench.common.devices import Device
+
 
 class CaseRunner:
-    """Runs the cases of one run's plan as this rank (see the module)."""
+    """Runs the cases of one run's plan as this rank (see the module): `ctx` holds the config,
+    the world, the device, the core and the decided plan; `ceilings` are the run's, `host` its
+    idle baseline, `probes` measures the ceilings between warm-ups and timed saves."""
 
     def __init__(
         self,
-        cfg: config_mod.Config,
-        device: Any,
-        core: Core,
-        the_plan: RunPlan,
         ctx: dist.RankContext,
         *,
         ranked: bool,
@@ -44,11 +45,11 @@ class CaseRunner:
         host: hostcost.Host,
         probes: CeilingRunner,
     ) -> None:
-        self.cfg = cfg
-        self.device = device
-        self.core = core
-        self.world = core.world
-        self.plan = the_plan
+        self.cfg: config_mod.Config = ctx.cfg
+        self.device: Device = ctx.device
+        self.core: Core = ctx.core
+        self.world = ctx.world
+        self.plan: RunPlan = ctx.plan
         self.ctx = ctx
         self.ranked = ranked
         self.ceilings = ceilings
@@ -103,7 +104,7 @@ class CaseRunner:
                     self.core.warn(f"skipped: {short}")
                     continue
                 state = w.agree(f"the state of {wl.id}", partial(self.build, wl, g, admitted))
-                if self.ctx.cache_dropped and w.local_rank == 0:
+                if self.plan.cache_dropped and w.local_rank == 0:
                     measure.drop_page_cache()
                 if cfg.mlperf is not None:
                     for e in dict.fromkeys(e for _, e in todo):
@@ -179,53 +180,29 @@ class CaseRunner:
     def case(
         self, g: Group, wl: Workload, engine: str, eng: Clocked | None, state: Any, i: int
     ) -> bool:
-        """One repetition on every rank: aligned save, aligned restore, rows to rank 0. False
-        when a restart failed or did not verify: the state may hold its wrong or scrubbed bytes."""
-        cfg, w, core = self.cfg, self.world, self.core
-        key = plan.case_key(wl, g, engine, i, cfg.warmups)
+        """One repetition on every rank, its steps back to back (`Repetition`). False when a
+        restart failed or did not verify: the state may hold its wrong or scrubbed bytes."""
+        key = plan.case_key(wl, g, engine, i, self.cfg.warmups)
         case_id, warm, rep = key
-        base = plan.checkpoint_name(core.run_id, key)
-        name = dist.shard_name(base, w.rank, g.k) if self.ranked else base
-        row = self.new_row(g, wl, engine, eng, state, key)
+        r = Repetition(self, g, wl, engine, eng, state, key)
         where = f"{case_id} {'warm-up' if warm else 'rep'} {rep}"
         try:
-            w.barrier(f"the save of {where}")
-            if row is not None and eng is not None:
-                self.save(row, eng, state, name, g)
-            w.barrier(f"the restore of {where}")
-            if row is not None and eng is not None and not row.error:
-                self.restore(row, eng, engine, state, name, base, g)
-            w.barrier(f"the rows of {where}")
-            got = [r for r in w.all_gather(row, f"the rows of {where}") if r is not None]
+            got = r.run(where)
         except dist.RankLost as lost:
-            if row is not None and eng is not None:
-                rows.delete_checkpoint(eng, name, core.warn)
-            if w.rank == 0:
-                dist.write_lost(self.ctx, row, lost, g, wl, engine, key)
+            r.delete()
+            if self.world.rank == 0:
+                dist.write_lost(self.ctx, r.row, lost, g, wl, engine, key)
             raise
         except KeyboardInterrupt:
-            if row is not None and eng is not None:  # the case in flight leaves nothing behind
-                rows.delete_checkpoint(eng, name, core.warn)
+            r.delete()  # the case in flight leaves nothing behind
             raise
-        if row is not None and eng is not None:
-            rows.delete_checkpoint(eng, name, core.warn)
-        if core.bar is not None:
-            core.bar.update(1)
-        bad = rows.fail_together(got, cfg.verify)
-        core.write(got)
-        if self.ranked:
-            core.write([rows.aggregate(got, self.ceilings)])
-        if bad is not None:
-            on = f" on rank {bad.rank}" if self.ranked else ""
-            core.failed(
-                f"case {case_id} rep {rep}{on}",
-                bad.error,
-                case_id if not self.ranked else f"{case_id}, rank {bad.rank}",
-            )
+        r.delete()
+        r.record(got, f"rep {rep}")
+        row = r.row
         return not (
             row is not None
             and row.restore_into == "restart"
-            and bool(row.error or (cfg.verify and not row.verified))
+            and bool(row.error or (self.cfg.verify and not row.verified))
         )
 
     def new_row(
@@ -260,7 +237,7 @@ class CaseRunner:
             n_targets=g.n,
             rep=rep,
             warmup=warm,
-            cache_dropped=self.ctx.cache_dropped,
+            cache_dropped=self.plan.cache_dropped,
             dtype=cfg.dtype if wl.model is None else wl.model.dtype,
             options=rows.options_json(eng),
             capped=capped,
@@ -278,51 +255,35 @@ class CaseRunner:
         """One engine through MLPerf Storage's order (bench.workloads.mlperf [R]): every rank
         writes all the checkpoints (each after a barrier, each until durable), the page cache
         is cleared (dropped where the run can, and each checkpoint's pages evicted and checked
-        gone before its read, bench.run.rows.restore_phase), then every rank reads them back in
+        gone before its read, bench.run.protocol.restore_phase), then every rank reads them back in
         turn. A checkpoint's rows hold its write and its read; rank 0 writes them, with their
         aggregate, after the read. Rank 0 records when each phase began (env.json `mlperf`)."""
         cfg, w, core = self.cfg, self.world, self.core
         n = cfg.repetitions
         keys = [plan.case_key(wl, g, engine, i, 0) for i in range(n)]
-        bases = [plan.checkpoint_name(core.run_id, k) for k in keys]
-        names = [dist.shard_name(b, w.rank, g.k) for b in bases]
-        mine = [self.new_row(g, wl, engine, eng, state, k) for k in keys]
+        reps = [Repetition(self, g, wl, engine, eng, state, k) for k in keys]
         events: list[dict[str, Any]] = []
 
         def event(what: str, i: int | None = None) -> None:
             events.append({"event": what, "checkpoint": i, "t_ns": measure.now_ns()})
 
         try:
-            for i, row in enumerate(mine):
+            for i, r in enumerate(reps):
                 w.barrier(f"the write of {keys[i][0]} checkpoint {i}")
                 event("write", i)
-                if row is not None and eng is not None:
-                    self.save(row, eng, state, names[i], g)
+                r.save()
             w.barrier(f"the cache drop of {keys[0][0]}")
             event("clear cache")
-            if self.ctx.cache_dropped and w.local_rank == 0:
+            if self.plan.cache_dropped and w.local_rank == 0:
                 measure.drop_page_cache()
-            for i, row in enumerate(mine):
+            for i, r in enumerate(reps):
                 w.barrier(f"the read of {keys[i][0]} checkpoint {i}")
                 event("read", i)
-                if row is not None and eng is not None and not row.error:
-                    self.restore(row, eng, engine, state, names[i], bases[i], g)
-                got = [r for r in w.all_gather(row, f"the rows of {keys[i][0]} {i}") if r]
-                bad = rows.fail_together(got, cfg.verify)
-                core.write(got)
-                core.write([rows.aggregate(got, self.ceilings)])
-                if core.bar is not None:
-                    core.bar.update(1)
-                if bad is not None:
-                    core.failed(
-                        f"case {keys[i][0]} checkpoint {i} on rank {bad.rank}",
-                        bad.error,
-                        f"{keys[i][0]}, rank {bad.rank}",
-                    )
+                r.restore()
+                r.record(r.gather(f"the rows of {keys[i][0]} {i}"), f"checkpoint {i}")
         finally:
-            if eng is not None:
-                for name in names:
-                    rows.delete_checkpoint(eng, name, core.warn)
+            for r in reps:
+                r.delete()
         if w.rank == 0:
             core.env.setdefault("mlperf", {}).setdefault("order", {})[engine] = events
             core.write_env()
@@ -331,7 +292,9 @@ class CaseRunner:
         fault = self.faults.get((self.world.rank, self.saves))
         try:
             hook = dist.inject(fault, self.world.rank, self.saves) if fault else None
-            rows.save_phase(row, eng, state, name, self.ceilings, after_save=hook, host=self.host)
+            protocol.save_phase(
+                row, eng, state, name, self.ceilings, after_save=hook, host=self.host
+            )
             if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
                 row.write_efficiency = row.snapshot_efficiency = None
                 row.ceiling_beaten = False
@@ -363,7 +326,7 @@ class CaseRunner:
         )
         in_place = self.plan.verdicts[(row.workload, g.key, engine)].restore == "restart"
         try:
-            rows.restore_phase(
+            protocol.restore_phase(
                 row,
                 eng,
                 engine,
@@ -380,3 +343,84 @@ class CaseRunner:
             row.error = rows.error_text(e)
             if not isinstance(e, UserError | OSError):
                 self.core.warn(traceback.format_exc())
+
+
+class Repetition:
+    """One repetition of a case as every rank runs it, in the measurement protocol's order
+    (bench.run.protocol): a barrier, the save until durable, a barrier, the restore and its
+    comparison, the rows gathered to rank 0, which writes them (and their aggregate under
+    torchrun); a failure on one rank fails the repetition on all, and is counted once. The
+    sweep runs the steps back to back (`run`, from CaseRunner.case); MLPerf's order saves every
+    checkpoint before it restores one, calling the steps itself (CaseRunner.mlperf_engine).
+    `row` is None on a rank not active in the group, which only takes part in the
+    collectives."""
+
+    def __init__(
+        self,
+        cases: CaseRunner,
+        g: Group,
+        wl: Workload,
+        engine: str,
+        eng: Clocked | None,
+        state: Any,
+        key: tuple[str, bool, int],
+    ) -> None:
+        self.cases, self.g, self.engine, self.eng = cases, g, engine, eng
+        self.state, self.key = state, key
+        self.world = cases.world
+        # a shard of a checkpoint per rank, and an aggregate row (MLPerf runs under torchrun)
+        self.ranked = cases.ranked or cases.cfg.mlperf is not None
+        self.base = plan.checkpoint_name(cases.core.run_id, key)
+        self.name = dist.shard_name(self.base, self.world.rank, g.k) if self.ranked else self.base
+        self.row = cases.new_row(g, wl, engine, eng, state, key)
+
+    def run(self, where: str) -> list[results.Row]:
+        """Save, restore and gather, each after a barrier named for its step and `where`."""
+        w = self.world
+        w.barrier(f"the save of {where}")
+        self.save()
+        w.barrier(f"the restore of {where}")
+        self.restore()
+        w.barrier(f"the rows of {where}")
+        return self.gather(f"the rows of {where}")
+
+    def save(self) -> None:
+        """This rank's save until durable (bench.run.protocol.save_phase)."""
+        if self.row is not None and self.eng is not None:
+            self.cases.save(self.row, self.eng, self.state, self.name, self.g)
+
+    def restore(self) -> None:
+        """This rank's restore and comparison, unless its save failed."""
+        if self.row is not None and self.eng is not None and not self.row.error:
+            self.cases.restore(
+                self.row, self.eng, self.engine, self.state, self.name, self.base, self.g
+            )
+
+    def gather(self, where: str) -> list[results.Row]:
+        """Every active rank's row, in rank order."""
+        return [r for r in self.world.all_gather(self.row, where) if r is not None]
+
+    def record(self, got: list[results.Row], which: str) -> None:
+        """Rank 0 writes the rows `got` (and their aggregate under torchrun), a failure on one
+        rank failing every row; the failure is counted (bench.run.core.Core.failed), naming the
+        case, `which` repetition of it and, under torchrun, the rank it failed on."""
+        cases, core, ranked = self.cases, self.cases.core, self.ranked
+        bad = rows.fail_together(got, cases.cfg.verify)
+        core.write(got)
+        if ranked:
+            core.write([rows.aggregate(got, cases.ceilings)])
+        if core.bar is not None:
+            core.bar.update(1)
+        if bad is not None:
+            case_id = self.key[0]
+            on = f" on rank {bad.rank}" if ranked else ""
+            core.failed(
+                f"case {case_id} {which}{on}",
+                bad.error,
+                f"{case_id}, rank {bad.rank}" if ranked else case_id,
+            )
+
+    def delete(self) -> None:
+        """Remove this rank's checkpoint (never raises, bench.run.protocol.delete_checkpoint)."""
+        if self.row is not None and self.eng is not None:
+            protocol.delete_checkpoint(self.eng, self.name, self.cases.core.warn)

@@ -10,7 +10,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -33,6 +33,9 @@ from bench.measure.ceilings.memory import release as release_buffers
 from bench.run.core import Core
 from bench.run.plan import Group, RunPlan, Workload
 
+if TYPE_CHECKING:
+    from bench.common.devices import Device
+
 
 def grids(spec: config_mod.CeilingSpec) -> dict[Kind, list[tuple[int, int]]]:
     """The searches the config asks for, by kind of ceiling: (writers per target, depth); the
@@ -50,12 +53,11 @@ def grids(spec: config_mod.CeilingSpec) -> dict[Kind, list[tuple[int, int]]]:
 class CeilingRunner:
     """Measures the ceilings of one run on its plan's targets and device."""
 
-    def __init__(self, cfg: config_mod.Config, device: Any, core: Core, plan: RunPlan) -> None:
+    def __init__(self, cfg: config_mod.Config, device: Device, core: Core, plan: RunPlan) -> None:
         self.cfg = cfg
         self.device = device
         self.core = core
-        self.plan = plan
-        self.cache_dropped = False  # the page cache is dropped between cases (the sweep says)
+        self.plan = plan  # decided (bench.run.decide): its targets and page-cache policy
         self._probe_buffers: dict[int, Any] = {}  # the probes' copy buffers, reused
 
     def measure(self, wls: list[Workload], again: Ceilings | None = None) -> Ceilings | None:
@@ -75,7 +77,7 @@ class CeilingRunner:
             tensor = max((w.tensor_bytes for w in wls if w.kind == "synthetic"), default=64 << 20)
             tool = "fio" if spec.tool != "builtin" and installed else "built-in probe"
             when = "after the sweep" if again else "first"
-            drop = timers.drop_page_cache if self.cache_dropped else None
+            drop = timers.drop_page_cache if self.plan.cache_dropped else None
             options = self._options(spec, largest, tensor, drop, again)
             runs = options.storage_runs()
             core.log(

@@ -2,13 +2,15 @@
 
 A run (a sweep in one process, a sweep under torchrun, a training loop) is driven by its kind
 (bench.run.sweep, bench.run.training.loop) on top of a `Core`, which owns:
-- the world: `LocalWorld` (rank 0 of 1, collectives that do nothing) or torchrun's
-  (bench.run.distributed.TorchrunWorld), so that one case loop serves both;
+- the world: anything that satisfies `World`, the single process (`LocalWorld`: rank 0 of 1,
+  collectives that do nothing) or torchrun's (bench.run.distributed.TorchrunWorld), so that one
+  case loop serves both;
 - preflight: target directories, O_DIRECT where an engine needs it (by its traits), engines
   that cannot run here (skipped, with the reason in the notes);
 - engine creation (the config's options, the run's device, per-target write caps);
-- the run directory, new or resumed (same config and device, or refused), env.json with the
-  engines' traits and the notes, and the row writers (rank 0 writes every file);
+- the run directory, new or resumed (same config and device, or refused, and the rows it
+  already holds), env.json with the engines' traits and the notes, and the row writers (rank 0
+  writes every file);
 - the progress bar, failure counting and `on_error`.
 """
 
@@ -20,17 +22,51 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tqdm import tqdm
 
 from bench.common import cudasync, log
 from bench.common.errors import UserError
-from bench.config.sweep import engine_options
+from bench.common.schema import Strict
+from bench.config.sweep import Config, engine_options
+from bench.config.training import TrainingConfig
 from bench.engines import ENGINES, REGISTRY, create, environment_blocks
 from bench.measure import clock, env, results
 from bench.measure.clock import Clocked
 from bench.storage import odirect
+
+if TYPE_CHECKING:
+    from bench.common.devices import Device
+
+T = TypeVar("T")
+
+# What identifies a repetition's row (bench.run.plan.case_key): case id, warm-up, rep.
+CaseKey = tuple[str, bool, int]
+
+
+class World(Protocol):
+    """The ranks a run is spread over, as every step of a run sees them: this rank's place
+    and the control collectives. The single process (`LocalWorld`) and a torchrun job
+    (bench.run.distributed.TorchrunWorld) both satisfy it."""
+
+    rank: int
+    size: int
+    local_rank: int
+    node_rank: int
+    host: str
+
+    def barrier(self, where: str, timeout_s: float | None = None) -> None:
+        """Every rank reaches `where`."""
+        ...
+
+    def all_gather(self, obj: T, where: str) -> list[T]:
+        """Every rank's `obj`, in rank order."""
+        ...
+
+    def agree(self, where: str, fn: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Run `fn()` on every rank; an error on any is an error on all."""
+        ...
 
 
 @dataclass
@@ -47,10 +83,10 @@ class LocalWorld:
     def barrier(self, where: str, timeout_s: float | None = None) -> None:
         """Every rank reaches `where` (here: this one has)."""
 
-    def all_gather(self, obj: Any, where: str) -> list[Any]:
+    def all_gather(self, obj: T, where: str) -> list[T]:
         return [obj]
 
-    def agree(self, where: str, fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
+    def agree(self, where: str, fn: Callable[[], T], timeout_s: float | None = None) -> T:
         """Run `fn()` on every rank; an error on any is an error on all (here: as raised)."""
         return fn()
 
@@ -66,18 +102,18 @@ class Core:
 
     def __init__(
         self,
-        cfg: Any,
-        device: Any,
+        cfg: Config | TrainingConfig,
+        device: Device,
         out_root: str,
         *,
-        world: Any = None,
+        world: World | None = None,
         quiet: bool = False,
         resume: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = device
         self.out_root = out_root
-        self.world = world or LocalWorld()
+        self.world: World = world or LocalWorld()
         self.quiet = quiet or self.world.rank != 0
         self.resume = resume
         self.notes: list[str] = []
@@ -85,9 +121,9 @@ class Core:
         self.run_id = ""
         self.run_dir: str | None = None
         self.env: dict[str, Any] = {}
-        self.writers: dict[str, Any] = {}
+        self.writers: dict[str, results.RowWriter] = {}
         self.skipped: dict[str, str] = {}
-        self.bar: Any = None
+        self.bar: tqdm[Any] | None = None
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -148,7 +184,7 @@ class Core:
         engine: str,
         targets: list[str],
         caps: list[int | None] | None = None,
-        options: Any = None,
+        options: Strict | None = None,
     ) -> Clocked:
         """Engine `engine` over `targets` with `options` (its model as the run resolved it;
         else the config's options and the run's device), and the targets' write caps, for an
@@ -165,20 +201,13 @@ class Core:
         config: dict[str, Any],
         targets: list[str],
         engines: list[str],
-        key: Callable[[Any], tuple[Any, ...]] | None = None,
-        rows_file: str = "results.csv",
-    ) -> set[tuple[Any, ...]]:
-        """Rank 0: a new run directory under out_root, or the one to resume (then the keys of
-        the rows it already holds, by `key`); its environment block. Returns the done keys."""
-        done: set[tuple[Any, ...]] = set()
-        if self.resume:
-            envb = self._resume_env(config)
-            if key is not None:
-                assert self.run_dir is not None  # set by _resume_env
-                rows = results.read_rows(self.run_dir)
-                done = {key(r) for r in rows.itertuples(index=False)}
-                self.note(f"resumed with {len(done)} rows already recorded")
-        else:
+        *,
+        ranked: bool = False,
+    ) -> frozenset[CaseKey]:
+        """Rank 0: a new run directory under out_root, or the one to resume, and its
+        environment block. Returns the rows a resumed run already holds, by (case id, warm-up,
+        rep): a multi-rank run (`ranked`) counts a repetition by its aggregate row."""
+        if not self.resume:
             self.run_id, self.run_dir = results.new_run_dir(self.out_root, self.cfg.name)
             envb = env.collect(targets, environment_blocks())
             envb["device"] = {"kind": self.device.kind, "emulated": self.device.emulated}
@@ -188,8 +217,16 @@ class Core:
             envb["stall_clock"] = clock.STALL_CLOCK
             envb["config"] = config
             envb["engines"] = engine_block(engines)
-        self.env = envb
-        return done
+            self.env = envb
+            return frozenset()
+        self.env = self._resume_env(config)
+        assert self.run_dir is not None  # set by _resume_env
+        rows = results.read_rows(self.run_dir)
+        if ranked and "aggregate" in rows:
+            rows = rows[rows["aggregate"].astype(str).str.lower() == "true"]
+        done = [(str(r.case_id), bool(r.warmup), int(r.rep)) for r in rows.itertuples()]
+        self.note(f"resumed with {len(done)} rows already recorded")
+        return frozenset(done)
 
     def _resume_env(self, config: dict[str, Any]) -> dict[str, Any]:
         """Continue `resume`: same config and device (else refuse)."""
@@ -241,11 +278,13 @@ class Core:
             }
 
     def write(self, rows: list[Any], file: str = "results.csv") -> None:
+        """Rank 0: `rows` appended to `file` (the others hold no writers)."""
         if self.world.rank == 0:
             for r in rows:
                 self.writers[file].write(r)
 
-    def progress(self, total: int, unit: str, done: int = 0) -> None:
+    def progress(self, total: int, unit: str, done: int = 0) -> tqdm[Any]:
+        """The run's progress bar (silent when quiet), `done` of `total` already."""
         self.bar = tqdm(
             total=total,
             unit=unit,
@@ -254,6 +293,7 @@ class Core:
             dynamic_ncols=True,
             initial=done,
         )
+        return self.bar
 
     def close(self) -> None:
         if self.bar is not None:

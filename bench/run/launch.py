@@ -4,18 +4,22 @@ of the job; rank 0 leaves its exit code for the launcher."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bench.common import log
 from bench.common.errors import UserError
 from bench.config import sweep as config_mod
 from bench.run.distributed.world import _STOP, RankLost, init_world
+
+if TYPE_CHECKING:
+    from bench.common.devices import Device
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 RC_FILE_ENV = "CKPTBENCH_RC_FILE"  # where rank 0 leaves its exit code for `ckptbench run --nproc`
@@ -66,7 +70,7 @@ def launch(nproc: int, argv: list[str]) -> int:
         os.unlink(rc_path)
 
 
-def run_argv(args: Any) -> list[str]:
+def run_argv(args: argparse.Namespace) -> list[str]:
     """The `ckptbench run` arguments each rank gets (everything but --nproc)."""
     argv = ["run", args.config, "-o", args.output]
     for a in args.set:
@@ -80,7 +84,7 @@ def run_argv(args: Any) -> list[str]:
     return argv
 
 
-def cli_run(args: Any) -> int | None:
+def cli_run(args: argparse.Namespace) -> int | None:
     """`ckptbench run` with ranks: launch torchrun (`--nproc N` or a `ranks:` section), or run
     as one of its ranks. None: a plain single-process run."""
     if launched():
@@ -121,7 +125,7 @@ def _exit_code(rank: int, code: int) -> None:
             pass
 
 
-def _device_for_rank(requested: str) -> Any:
+def _device_for_rank(requested: str) -> Device:
     """One GPU per rank (cuda:LOCAL_RANK) when the run uses CUDA, else host-emulated."""
     import torch
 
@@ -138,7 +142,7 @@ def _device_for_rank(requested: str) -> Any:
     return devices.detect(requested)
 
 
-def worker_main(args: Any) -> int:
+def worker_main(args: argparse.Namespace) -> int:
     """One rank of a torchrun job: run the sweep; rank 0 prints the summary. Exit codes as
     `ckptbench run`: 0, 1 (failed rows or a lost rank), 2 (a user error), 130 (interrupted)."""
     from bench.run.sweep import Sweep, summary_lines

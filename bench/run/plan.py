@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bench.common import sizes
 from bench.common.errors import UserError
+from bench.common.schema import Strict
 from bench.config import sweep as config_mod
 from bench.engines import REGISTRY
+from bench.run.preflight import Verdict
 from bench.workloads import mlperf as mlperf_mod
 from bench.workloads.presets import PRESETS
 
 if TYPE_CHECKING:
+    import torch
+
     from bench.engines.base import StateSize
 
 
@@ -74,7 +79,7 @@ class Workload:
     def build(
         self,
         cfg: config_mod.Config,
-        device: Any,
+        device: torch.device,
         total: int | None = None,
         seed: int = 0,
         rank: int = 0,
@@ -157,25 +162,34 @@ class Group:
         return f"-{self.label}-{self.k}r" if self.label else ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
-    """What one run does, decided before its first save and kept in one place: the targets,
-    the workloads, the groups of targets and each rank's place in them (`layout`: per group,
-    every rank's target indices and whether it writes a subfolder of its own), the engines that
-    can run here with their options resolved once (the run's device filled in, validated: the
-    preflight judges and the run creates the engines from the same models), every case's
-    verdict (bench.run.preflight) and the cases a resumed run has already recorded."""
+    """What one run does, decided whole before its first save (bench.run.decide) and never
+    changed after: the targets, the workloads, the groups of targets and each rank's place in
+    them (`layout`: per group, every rank's target indices and whether it writes a subfolder of
+    its own; `table`: the ranks, under torchrun), the engines that can run here with their
+    options resolved once (the run's device filled in, validated: the preflight judges and the
+    run creates the engines from the same models), every case's verdict
+    (bench.run.preflight) and what it was judged against (`preflight`: env.json's block), the
+    cases a resumed run has already recorded (`done`), and the page-cache policy
+    (`cache_dropped`: this rank's node drops the page cache between cases). `nodes` and
+    `paths` are what the ranks found on their nodes (env.json's ranks block)."""
 
     targets: list[str]
     workloads: list[Workload]
     groups: list[Group]
-    layout: dict[str, list[tuple[list[int], bool]]]
+    layout: Mapping[str, list[tuple[list[int], bool]]]
     engines: list[str]
-    options: dict[str, Any]  # engine -> its options model (bench.engines.options)
-    table: list[dict[str, Any]] = field(default_factory=list)  # the ranks, under torchrun
+    options: Mapping[str, Strict]  # engine -> its options model (bench.engines.options)
+    table: list[dict[str, Any]] = field(default_factory=list)
     skipped_groups: list[str] = field(default_factory=list)
-    verdicts: dict[tuple[str, str, str], Any] = field(default_factory=dict)
-    done: set[tuple[str, bool, int]] = field(default_factory=set)
+    verdicts: Mapping[tuple[str, str, str], Verdict] = field(default_factory=dict)
+    preflight: Mapping[str, Any] = field(default_factory=dict)
+    done: frozenset[tuple[str, bool, int]] = frozenset()
+    cache_dropped: bool = False
+    # every node's storage and page-cache drop (by its first rank), every rank's targets
+    nodes: list[dict[str, Any] | None] = field(default_factory=list)
+    paths: list[dict[str, list[str]]] = field(default_factory=list)
 
     def my_targets(self, g: Group, rank: int) -> tuple[list[str], list[int]] | None:
         """Rank `rank`'s target directories for group g and their indices in the config's
@@ -206,7 +220,7 @@ class RunPlan:
         return threads or min(os.cpu_count() or 1, 8)
 
 
-def resolved_engine_options(cfg: config_mod.Config, engines: list[str]) -> dict[str, Any]:
+def resolved_engine_options(cfg: config_mod.Config, engines: list[str]) -> dict[str, Strict]:
     """Each engine's options model, resolved once for the run (its device filled in)."""
     from bench.engines import validate_options
 

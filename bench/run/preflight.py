@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import resource
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -38,6 +38,9 @@ from bench.common import sizes
 from bench.common.schema import Strict
 from bench.engines import REGISTRY
 from bench.engines.base import MemoryPlan, StateSize, build_options
+
+if TYPE_CHECKING:
+    from bench.common.devices import Device
 
 # Memory left for the interpreter, torch and the libraries beside the state and the engines'
 # buffers, and a margin on what the plans add up to (allocator rounding, per-tensor overhead).
@@ -87,7 +90,7 @@ def host_available() -> int:
     return min(avail, group) if group is not None else avail
 
 
-def device_free(device: Any) -> int | None:
+def device_free(device: Device) -> int | None:
     """Free memory of the CUDA device (None on host-emulated)."""
     if not device.is_cuda:
         return None

@@ -1,5 +1,5 @@
-"""Where a restore lands, and how what it brought back is checked (bench.run.rows.restore_phase
-calls these around its timed load).
+"""Where a restore lands, and how what it brought back is checked
+(bench.run.protocol.restore_phase calls these around its timed load).
 
 - `restart` (the default): into the destination a relaunched job holds, its model and optimizer
   built before the load. Here that is the saved state's own tensors, no second copy (what fits

@@ -1,26 +1,25 @@
-"""Result rows: one repetition measured in phases (save until durable, restore and compare),
-its efficiency against the run's ceilings, and the aggregate row of a multi-rank repetition.
+"""Result rows: the cells a repetition's row takes from its state and engine, its efficiency
+against the run's ceilings, the error column, and the rows of a multi-rank repetition (a rank's
+failure fails all; the aggregate row).
 
-bench.run.sweep runs the phases (with barriers between them under torchrun) on rows it builds
-(bench.measure.results.Row, whose type also says how the aggregate row combines each column);
-bench.measure.results writes them; analysis reads them.
+The measurement that fills a row is bench.run.protocol's (the save until durable, the restore
+and its comparison), run by bench.run.cases with barriers between the phases under torchrun.
+The rows are bench.measure.results.Row, whose type also says how the aggregate row combines
+each column; bench.measure.results writes them; analysis reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.engines import REGISTRY
-from bench.measure import clock, columns, detail, hostcost, results, witness
+from bench.measure import columns, hostcost, results, witness
 from bench.measure import efficiency as judge
-from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings
 from bench.measure.efficiency import beaten
-from bench.run import restart
 
 
 def efficiency(row: results.Row | Mapping[str, Any], ceilings: Ceilings | None) -> tuple[Any, Any]:
@@ -57,126 +56,9 @@ def options_json(eng: Any) -> str:
     return json.dumps(opts.model_dump(), sort_keys=True) if opts else "{}"
 
 
-def save_phase(
-    row: results.Row,
-    eng: Any,
-    state: Any,
-    name: str,
-    ceilings: Ceilings | None,
-    after_save: Any = None,
-    host: hostcost.Host | None = None,
-) -> None:
-    """Save `state` as `name` and wait until durable, timed by the harness's clock
-    (bench.measure.clock: the stall and the time to durability are read around the engine's
-    save(), never taken from it), sampling memory and reading what it cost the host
-    (bench.measure.hostcost: the stall ends when save() returns; `host` holds the run's idle
-    baseline, taken away from the host figures, and its DRAM counters); fills the row's save
-    columns.
-    `after_save()`, if given, runs between save() returning and the wait (a hook for fault
-    injection). Raises what the save raised.
-
-    The cyclic garbage of what ran before (the last restore, a library's internals) is
-    collected first, untimed: a collection that the save's own allocations set off would
-    otherwise free it inside this save's stall (bench/PERF.md)."""
-    gc.collect()
-    sampler = measure.Sampler()
-    sampler.start()
-    meter = (host or hostcost.Host()).meter(sampler).start()
-    try:
-        pending = clock.clocked(eng).save(state, name)
-        meter.stall()
-        if after_save is not None:
-            after_save()
-        res = pending.wait()
-    finally:
-        cost = meter.stop()
-        sample = sampler.stop()
-    seen = pending.witnessed  # the device's counters around it, read by the clock
-    row.device_written_bytes, row.device_flushes = seen.bytes, seen.flushes
-    row.durable_witness = seen.text
-    row.return_witness = pending.witnessed_at_return().text
-    row.gds_mode = res.gds_mode
-    row.targets_used = res.targets_used
-    row.stall_s, row.persist_s, row.total_s = res.stall_s, res.persist_s, res.total_s
-    row.hash_s, row.wait_prev_s = res.hash_s, res.wait_prev_s
-    row.pinned_bytes = eng.pinned_bytes
-    row.checksums, row.staging_grew = res.checksums, res.staging_grew
-    row.copied_tensors = res.copied_tensors
-    row.io_detail = detail.dumps(res.detail)
-    columns.fill(row, sample)
-    columns.fill(row, cost)  # cpu_user_s, cpu_sys_s: the process tree, not the sampler's
-    judge_row(row, ceilings)
-    if seen.denied and not REGISTRY[row.engine].traits.baseline:
-        # One of ckptbench's own paths said durable and the device says otherwise: a failure,
-        # as an unverified restore is (a library's denied save is reported, not failed).
-        row.error = f"not durable as the device saw it: {seen.text}"
-
-
-def restore_phase(
-    row: results.Row,
-    eng: Any,
-    engine: str,
-    state: Any,
-    name: str,
-    device: Any,
-    check: bool,
-    load: Any = None,
-    fingerprint: list[tuple[str, str]] | None = None,
-) -> None:
-    """Restore checkpoint `name` as a restart does (`fingerprint` of the source taken before
-    the save given: into the state's own tensors, scrubbed first, bench.run.restart) or into
-    new memory (fresh). Untimed: the destination made, the checkpoint's pages evicted (and
-    checked with mincore that they are gone: restore_s must be a read from the device). Timed:
-    the load, without the engine's own checksums, so that restore_s means the same for every
-    engine. Untimed again: those checksums and, if `check`, the restored state against the
-    source (restart: the destination's fingerprints with the source's; fresh: byte for byte).
-    Fills restore_s, restore_resident_bytes, restore_cached_bytes (the page cache the restore
-    left behind), device_read_bytes and restore_witness (what the targets' block devices
-    counted read during the load, bench.measure.witness), restore_into, verified and (on a
-    difference) error naming the first tensor.
-    `load(name, device, checksums[, into])` replaces `eng.load` (bench.run.distributed checks
-    the world size first)."""
-    row.restore_into = restart.RESTART if fingerprint is not None else restart.FRESH
-    dest = restart.restart(state, fingerprint, eng) if fingerprint is not None else restart.fresh()
-    files = eng.cached_files(name)
-    measure.evict_files(files)
-    row.restore_resident_bytes = measure.resident_bytes(files)
-    kw = dest.load_kwargs()
-    # the device's counters around the timed load (bench.measure.witness): did it read the
-    # checkpoint's bytes from the device, as restore_resident_bytes says it must
-    seer = witness.Judge(list(getattr(eng, "targets", [])))
-    seer.begin()
-    t0 = measure.now_ns()
-    loaded = (load or eng.load)(name, device=str(device.torch_device), checksums=False, **kw)
-    device.synchronize()
-    row.restore_s = (measure.now_ns() - t0) / 1e9
-    seen = seer.restore(files)
-    row.device_read_bytes, row.restore_witness = seen.bytes, seen.text
-    row.restore_cached_bytes = measure.resident_bytes(files)
-    row.restore_mode = getattr(eng, "restore_mode", "host")
-    eng.check(name, dest.restored(loaded))
-    if check:
-        diff = dest.first_difference(state, loaded, REGISTRY[engine].traits.loose_keys)
-        row.verified = diff is None
-        if diff:
-            row.error = f"restored state differs at {diff}"
-    del loaded
-
-
 def error_text(e: BaseException) -> str:
     """An exception as one line for the row's error column."""
     return f"{type(e).__name__}: {e}".replace("\n", " ")
-
-
-def delete_checkpoint(eng: Any, name: str, log: Any) -> None:
-    """Remove checkpoint `name`; a failure is logged, never raised: a checkpoint left on the
-    targets costs disk space, an exception here would end the sweep. Any Exception, not only
-    OSError: delete() raises UserError too (the claim check, an unreadable `.targets` record).
-    An interrupt (KeyboardInterrupt) still goes through."""
-    try:
-        eng.delete(name)
-    except Exception as e:
-        log(f"could not delete checkpoint {name}: {e}")
 
 
 # --- multi-rank repetitions: a rank's failure fails all; the aggregate row ---------------

@@ -1,8 +1,11 @@
 """A sweep: config -> cases -> engine saves -> rows in results/<run-id>/, on one rank alone or on
 every rank of a torchrun job, through one case loop on the run core (bench.run.core).
 
-For each group of targets (bench.run.plan: SSD count; under torchrun also the mapping of ranks to
-targets and how many ranks checkpoint at once), for each workload: build the state (a rank's
+Decide, then run: the run's plan is decided whole and frozen first (bench.run.decide), and every
+step after it reads that plan and changes nothing in it.
+
+For each group of targets (bench.run.plan: SSD count; under torchrun also the mapping of ranks
+to targets and how many ranks checkpoint at once), for each workload: build the state (a rank's
 shard of it under torchrun), warm every engine for it outside the timed region, drop the page
 cache (root), then run the repetitions with the engines alternating, warm-ups first and flagged.
 Each repetition: every rank passes a barrier, the active ones save and wait until durable, pass a
@@ -15,40 +18,40 @@ the gather do nothing (bench.run.core.LocalWorld).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import sizes
-from bench.common.errors import UserError
-from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
-from bench.measure import env as env_mod
 from bench.measure import hostcost, results
-from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings
-from bench.measure.ceilings.measure import PROBE_COPY_BYTES
 from bench.measure.efficiency import rejudge_csv
+from bench.run import decide, plan
 from bench.run import distributed as dist
-from bench.run import plan, preflight
 from bench.run.cases import CaseRunner
 from bench.run.ceiling_runs import CeilingRunner
-from bench.run.core import Core
+from bench.run.core import Core, World
 from bench.run.mlperf import mlperf_block
+from bench.run.plan import RunPlan
+
+if TYPE_CHECKING:
+    from bench.common.devices import Device
 
 
 class Sweep:
     """Runs one sweep config as this rank: rank 0 of 1, or one rank of a torchrun job
-    (`world` from bench.run.distributed, `ranked`: per-rank and aggregate rows). It decides the
-    run's plan (bench.run.plan.RunPlan), judges it (bench.run.preflight), opens the run
-    directory and its environment, has the ceilings measured (bench.run.ceiling_runs) and the
-    cases run (bench.run.cases), and finishes the run's files."""
+    (`world` from bench.run.distributed, `ranked`: per-rank and aggregate rows), as a pipeline
+    over a frozen plan: decide it whole (bench.run.decide: the cases, their verdicts, the
+    targets checked, the run directory opened, the page-cache policy), then record the
+    environment and the ceilings (bench.run.ceiling_runs), run the cases (bench.run.cases)
+    and finish the run's files."""
 
     def __init__(
         self,
         cfg: config_mod.Config,
-        device: Any,
+        device: Device,
         out_root: str,
         *,
-        world: Any = None,
+        world: World | None = None,
         ranked: bool = False,
         quiet: bool = False,
         resume: str | None = None,
@@ -63,11 +66,8 @@ class Sweep:
         self.world = self.core.world
         self.ranked = ranked
         self.spec = cfg.ranks or config_mod.RanksSpec(nproc=self.world.size)
-        self.plan = plan.RunPlan([], [], [], {}, [], {})  # decided in run()
-        self.ctx = dist.RankContext(cfg, self.spec, self.world, device, self.core, self.plan)
-        self.ceiling_runs = CeilingRunner(cfg, device, self.core, self.plan)
-        self.preflight_block: dict[str, Any] = {}  # env.json `preflight`
-        self.ceilings: Ceilings | None = None
+        self.plan: RunPlan | None = None  # decided by run(), then never changed
+        self.ceilings: Ceilings | None = None  # measured by run(), or kept by the run resumed
         self.host = hostcost.Host()  # measured in run()
 
     @property
@@ -89,67 +89,114 @@ class Sweep:
     @property
     def cache_dropped(self) -> bool:
         """Whether the page cache is dropped between this rank's cases (root on its node)."""
-        return self.ctx.cache_dropped
+        return self.plan is not None and self.plan.cache_dropped
 
-    def _decide(self) -> None:
-        """The run's plan: its targets, workloads, groups (with the ranks' table and layout
-        under torchrun), the engines that can run here and their options, resolved once."""
-        cfg, w, the_plan = self.cfg, self.world, self.plan
-        the_plan.targets = cfg.resolved_targets()
-        the_plan.workloads = plan.workloads(cfg)
-        if self.ranked:
-            w.barrier("the start")
-            dist.same_config(cfg, w)
-            me = {
-                "rank": w.rank,
-                "local_rank": w.local_rank,
-                "node_rank": w.node_rank,
-                "host": w.host,
-                "pid": os.getpid(),
-                "device": str(self.device.torch_device),
-            }
-            the_plan.table = w.all_gather(me, "the rank table")
-            the_plan.groups, the_plan.layout, skipped = dist.plan_groups(
-                cfg, self.spec, w.size, the_plan.table
-            )
-            the_plan.skipped_groups = skipped
-            for s in skipped:
-                self.core.note(s)
-        else:
-            the_plan.groups = plan.local_groups(cfg)
-            the_plan.layout = {g.key: [(list(range(g.n)), False)] for g in the_plan.groups}
-        the_plan.engines = self.core.runnable(cfg.engines)
-        the_plan.options = plan.resolved_engine_options(cfg, the_plan.engines)
+    @property
+    def preflight_block(self) -> dict[str, Any]:
+        """env.json `preflight`: every case's verdict and what it was judged against."""
+        return dict(self.plan.preflight) if self.plan is not None else {}
 
     def run(self) -> str:
-        cfg, w, core, the_plan = self.cfg, self.world, self.core, self.plan
-        self._decide()
-        wls = the_plan.workloads
-        self._preflight(wls)
+        """The sweep, step by step; its run directory ("" after `preflight_only`)."""
+        inputs = decide.Inputs(self.cfg, self.spec, self.world, self.device, self.core, self.ranked)
+        the_plan = self.plan = decide.decide(inputs, preflight_only=self.preflight_only)
         if self.preflight_only:
             return ""
-        w.agree("the target check", lambda: self._check_targets(wls))
-        paths = {g.key: got[0] for g in the_plan.groups if (got := the_plan.my_targets(g, w.rank))}
-        paths_all = w.all_gather(paths, "the target check")
+        ctx = dist.RankContext(self.cfg, self.spec, self.world, self.device, self.core, the_plan)
+        probes = CeilingRunner(self.cfg, self.device, self.core, the_plan)
+        self._environment(the_plan)
+        self.ceilings = self._ceilings(the_plan, probes)
+        self._write_environment(the_plan, ctx)
+        self.host = self._host_at_rest()
+        n_saves = self._announce(the_plan)
+        try:
+            self._cases(the_plan, ctx, probes, n_saves)
+        finally:
+            probes.release()
+            self.host.close()
+            self.core.close()
+        self._finish()
+        return self.core.run_dir or ""
 
-        def opened() -> dict[str, Any] | None:  # rank 0 opens it; the others learn of it
-            return self._open() if w.rank == 0 else None
+    def _environment(self, the_plan: RunPlan) -> None:
+        """The notes on how the run's machine may colour its numbers, and env.json's
+        `preflight`, `mlperf` and `tuned` blocks."""
+        cfg, w, core = self.cfg, self.world, self.core
+        if self.ranked and w.size != self.spec.nproc:
+            core.note(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
+        if w.rank != 0:
+            return
+        envb = core.env
+        if envb["storage"]["shared_device"]:
+            core.note(
+                "all targets share one device: SSD-count scaling on this run is not real scaling"
+            )
+        if envb.get("vm", {}).get("memory_balloon"):
+            core.note(
+                "a VM with a memory balloon: memory touched afresh (new page-cache pages) may "
+                "pay a host fault per page, which slows the buffered paths (cpu-double, "
+                "baselines)"
+            )
+        if "pageout" in (envb.get("vm", {}).get("damon") or []):
+            core.note(
+                "the kernel's DAMON pages out cold memory in the background (a pageout "
+                "scheme): page-cache rates and a restore of older files may move with it"
+            )
+        envb["preflight"] = dict(the_plan.preflight)
+        if self.tuned is not None:
+            envb["tuned"] = self.tuned
+        if cfg.mlperf is not None:
+            envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
 
-        head = w.agree("the run directory", opened)
-        head = w.all_gather(head, "the run directory")[0]
-        core.run_id, core.run_dir = head["run_id"], head["run_dir"]
-        the_plan.done = {tuple(x) for x in head["done"]}
-        self._environment(wls, paths_all)
-        # The host at rest, in this run, before any save: what the saves' host figures take
-        # away (bench.measure.hostcost). Every rank reads its own node while all of them are idle.
-        self.host = hostcost.Host.measure()
+    def _ceilings(self, the_plan: RunPlan, probes: CeilingRunner) -> Ceilings | None:
+        """The device ceilings every rank judges its rows against: measured now by rank 0
+        (unless the run resumed kept them), as env.json keeps them, as analysis will read
+        them."""
+        cfg, w, core = self.cfg, self.world, self.core
+        envb = core.env
+        measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
+        measured = w.agree(
+            "the ceilings",
+            (lambda: probes.measure(the_plan.workloads)) if measure_now else (lambda: None),
+            timeout_s=dist.SETUP_TIMEOUT_S,
+        )
+        kept = None
         if w.rank == 0:
-            core.env["host_cost"] = self.host.info()
-            core.open_writers({"results.csv": results.Row})
+            if measured is not None:
+                envb["ceilings"] = measured.to_json()
+                envb.pop("ceilings_error", None)
+            kept = envb.get("ceilings")  # measured now, or by the run resumed
+        # Every rank judges against what env.json keeps, as analysis will.
+        kept = w.all_gather(kept, "the ceilings")[0]
+        return Ceilings.from_json(kept) if kept else None
+
+    def _write_environment(self, the_plan: RunPlan, ctx: dist.RankContext) -> None:
+        """Rank 0: env.json as it stands before the first save, with the ranks block under
+        torchrun (who ran where, on which targets)."""
+        if self.world.rank != 0:
+            return
+        if self.ranked:
+            self.core.env["ranks"] = dist.ranks_block(ctx, the_plan.nodes, the_plan.paths)
+        self.core.write_env()
+
+    def _host_at_rest(self) -> hostcost.Host:
+        """The host at rest, in this run, before any save: what the saves' host figures take
+        away (bench.measure.hostcost). Every rank reads its own node while all of them are
+        idle; rank 0 opens the row writers beside it."""
+        host = hostcost.Host.measure(self.cfg.host_baseline_s)
+        if self.world.rank == 0:
+            self.core.env["host_cost"] = host.info()
+            self.core.open_writers({"results.csv": results.Row})
+        return host
+
+    def _announce(self, the_plan: RunPlan) -> int:
+        """Say what the run will do (and, for MLPerf, how it was scaled) before the first
+        checkpoint; env.json says the sweep is unfinished until it is. The saves planned."""
+        cfg, w, core = self.cfg, self.world, self.core
         n_saves = (cfg.warmups + cfg.repetitions) * sum(
             1
             for g in the_plan.groups
-            for wl in wls
+            for wl in the_plan.workloads
             for e in plan.engines_at(cfg, the_plan.engines, g.n)
             if the_plan.restore(wl, g, e) is not None
         )
@@ -177,234 +224,48 @@ class Sweep:
         if w.rank == 0:  # until the sweep ends, env.json says the run is unfinished
             core.env["sweep"] = {"planned_saves": n_saves, "finished": False}
             core.write_env()
+        return n_saves
+
+    def _cases(
+        self, the_plan: RunPlan, ctx: dist.RankContext, probes: CeilingRunner, n_saves: int
+    ) -> None:
+        """Every group's cases (bench.run.cases), then the host's baseline and (rank 0) the
+        ceilings once more, to say how much they moved during the sweep."""
+        w, core = self.world, self.core
         core.progress(n_saves, "ckpt" if self.ranked else "save", len(the_plan.done))
         cases = CaseRunner(
-            cfg,
-            self.device,
-            core,
-            the_plan,
-            self.ctx,
+            ctx,
             ranked=self.ranked,
             ceilings=self.ceilings,
             host=self.host,
-            probes=self.ceiling_runs,
+            probes=probes,
         )
-        try:
-            for g in the_plan.groups:
-                cases.run_group(g)
-            after = hostcost.measure_baseline(imc=self.host.imc)
-            if w.rank == 0:  # the baseline again after the sweep: how much it moved
-                core.env["host_cost"]["baseline_after"] = after.to_json()
-            w.agree(
-                "the ceilings after the sweep",
-                (lambda: self.ceiling_runs.after(wls, self.ceilings))
-                if w.rank == 0
-                else (lambda: None),
-                timeout_s=dist.SETUP_TIMEOUT_S,
-            )
-        finally:
-            self.ceiling_runs.release()
-            self.host.close()
-            core.close()
-        if w.rank == 0 and core.run_dir:
-            # the rows were judged against the ceilings before the sweep; now the run's best
-            # (after, probes) are known, the CSV says what the summary and the report say
-            n = rejudge_csv(os.path.join(core.run_dir, "results.csv"), core.env)
-            if n:
-                core.log(f"{n} rows' efficiencies judged again against the run's best ceilings")
-            core.env["sweep"]["finished"] = True
-            core.write_env()
-        return core.run_dir or ""
-
-    def _preflight(self, wls: list[plan.Workload]) -> None:
-        """What every case will hold at its peak against what this machine has
-        (bench.run.preflight), before the first ceiling and the first state: the plan's verdicts, with
-        each case's restore (a restart or fresh). A case that cannot fit is refused in one line:
-        with `on_error: stop`, or when no case fits, the run is (exit 2); else that case is
-        skipped and said in the notes. Under torchrun every rank judges its own shard against
-        its node's share of host memory, and a case refused on one rank is refused on all."""
-        cfg, w, core, the_plan = self.cfg, self.world, self.core, self.plan
-        cuda = self.device.is_cuda
-        local = 1
-        if self.ranked:
-            local = sum(1 for t in the_plan.table if t["node_rank"] == w.node_rank)
-        avail = preflight.host_available() // local - preflight.HEADROOM
-        gpu = preflight.device_free(self.device)
-        verdicts: dict[tuple[str, str, str], preflight.Verdict] = {}
         for g in the_plan.groups:
-            names = plan.engines_at(cfg, the_plan.engines, g.n)
-            for wl in wls:
-                total = None
-                if self.ranked and wl.model is None and wl.mlperf is None:
-                    item = DTYPES[cfg.dtype]
-                    total = dist.shard_bytes(wl.total_bytes, g.k, 0, item, self.spec.shard)
-                size = wl.size(cfg, cuda, g.n, total, rank=w.rank)
-                extra = {}
-                if cfg.ceilings.enabled and cfg.ceilings.probes and not self.ranked:
-                    extra["copy probe"] = 2 * min(size.nbytes, PROBE_COPY_BYTES)
-                case = f"{wl.id} x{g.n}"
-                # the options the run will create the engines with, resolved once
-                judged = preflight.judge(
-                    case, names, size, the_plan.options, avail, gpu, extra, cfg.restore
-                )
-                for v in judged:
-                    verdicts[(wl.id, g.key, v.engine)] = v
-        if self.ranked:  # refused anywhere, refused everywhere
-            refused = {
-                k
-                for got in w.all_gather(
-                    [k for k, v in verdicts.items() if v.restore is None], "the preflight"
-                )
-                for k in map(tuple, got)
-            }
-            for k in refused:
-                if verdicts[k].restore is not None:
-                    verdicts[k] = preflight.Verdict(k[2], None, f"{k[0]} {k[2]}: refused on a rank")
-        the_plan.verdicts = verdicts
-        self.preflight_block = {
-            "host_available_bytes": avail + preflight.HEADROOM,
-            "headroom_bytes": preflight.HEADROOM,
-            "gpu_free_bytes": gpu,
-            "memlock_bytes": preflight.memlock_limit(),
-            "cases": {
-                f"{wid} {gkey} {e}": {
-                    "restore": v.restore,
-                    "host_peak_bytes": v.host_need,
-                    **({"refused": v.why} if v.restore is None else {}),
-                }
-                for (wid, gkey, e), v in verdicts.items()
-            },
-        }
-        if self.preflight_only:
-            return
-        bad = [v.why for v in verdicts.values() if v.restore is None]
-        if bad and (cfg.on_error == "stop" or len(bad) == len(verdicts)):
-            raise UserError(bad[0] + (f" (and {len(bad) - 1} more cases)" if len(bad) > 1 else ""))
-        for why in bad:
-            core.note(f"case skipped: {why}")
-            core.warn(f"skipped: {why}")
-        for (wid, gkey, e), v in verdicts.items():
-            if v.restore == "restart" and cfg.restore == "auto":
-                core.note(
-                    f"{wid} {gkey} {e}: restored as a restart (a second copy of the state does "
-                    "not fit in host memory for a fresh restore), checked against the source's "
-                    "fingerprints"
-                )
-
-    def _check_targets(self, wls: list[plan.Workload]) -> None:
-        """This rank's preflight: its targets (and subfolders) exist, are writable and take
-        O_DIRECT where needed; the first rank of each node checks their free space."""
-        cfg, the_plan = self.cfg, self.plan
-        if not cfg.targets:
-            for t in the_plan.targets:
-                os.makedirs(t, exist_ok=True)
-        mine: list[str] = []
-        for g in the_plan.groups:
-            got = the_plan.my_targets(g, self.world.rank)
-            if got is None:
-                continue
-            if the_plan.layout[g.key][self.world.rank][1]:
-                for p in got[0]:
-                    os.makedirs(p, exist_ok=True)
-            mine += [p for p in got[0] if p not in mine]
-        if self.world.local_rank == 0:
-            first = the_plan.targets[: max(cfg.ssd_counts)]
-            self.core.check_dirs(first, the_plan.engines)
-            scale = max(g.k for g in the_plan.groups) if self.spec.shard == "per_rank" else 1
-            plan.check_space(cfg, the_plan.targets, wls, the_plan.engines, scale)
-        self.core.check_dirs(mine, the_plan.engines)
-
-    def _open(self) -> dict[str, Any]:
-        """Rank 0: a new run directory (or the one to resume) and the rows it holds."""
-        core = self.core
-        if self.ranked and core.resume:
-            dist.check_resume_world(core.resume, self.world.size)
-        core.open(
-            config_mod.resolved(self.cfg),
-            self.plan.targets[: max(self.cfg.ssd_counts)],
-            self.plan.engines,
-        )
-        done: list[tuple[str, bool, int]] = []
-        if core.resume:
-            assert core.run_dir is not None  # the run resumed
-            rows_ = results.read_rows(core.run_dir)
-            if self.ranked and "aggregate" in rows_:
-                rows_ = rows_[rows_["aggregate"].astype(str).str.lower() == "true"]
-            done = [(str(r.case_id), bool(r.warmup), int(r.rep)) for r in rows_.itertuples()]
-            core.note(f"resumed with {len(done)} rows already recorded")
-        return {"run_id": core.run_id, "run_dir": core.run_dir, "done": done}
-
-    def _environment(self, wls: list[plan.Workload], paths_all: list[Any]) -> None:
-        """Page cache, notes, ceilings and env.json (with the ranks block under torchrun)."""
-        cfg, w, core = self.cfg, self.world, self.core
-        node_env = w.agree(
-            "the environment",
-            lambda: (
-                {
-                    "storage": env_mod.targets_info(self.plan.targets[: max(cfg.ssd_counts)]),
-                    "cache_drop": measure.drop_page_cache(),
-                }
-                if w.local_rank == 0
-                else None
-            ),
-        )
-        nodes = w.all_gather(node_env, "the environment")
-        drops = {
-            (self.plan.table[r]["node_rank"] if self.ranked else 0): n["cache_drop"]
-            for r, n in enumerate(nodes)
-            if n
-        }
-        self.ctx.cache_dropped = self.ceiling_runs.cache_dropped = drops.get(w.node_rank) is None
-        for node, why in sorted(drops.items()):
-            if why:
-                where = f"node {node}: " if self.ranked else ""
-                core.note(f"{where}page cache not dropped between cases: {why}")
-                core.warn(f"warning: {why}")
-        if self.ranked and w.size != self.spec.nproc:
-            core.note(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
-        envb = core.env
-        if w.rank == 0:
-            if envb["storage"]["shared_device"]:
-                core.note(
-                    "all targets share one device: SSD-count scaling on this run is not real "
-                    "scaling"
-                )
-            if envb.get("vm", {}).get("memory_balloon"):
-                core.note(
-                    "a VM with a memory balloon: memory touched afresh (new page-cache pages) may "
-                    "pay a host fault per page, which slows the buffered paths (cpu-double, "
-                    "baselines)"
-                )
-            if "pageout" in (envb.get("vm", {}).get("damon") or []):
-                core.note(
-                    "the kernel's DAMON pages out cold memory in the background (a pageout "
-                    "scheme): page-cache rates and a restore of older files may move with it"
-                )
-        if w.rank == 0:
-            envb["preflight"] = self.preflight_block
-            if self.tuned is not None:
-                envb["tuned"] = self.tuned
-            if cfg.mlperf is not None:
-                envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
-        measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
-        measured = w.agree(
-            "the ceilings",
-            (lambda: self.ceiling_runs.measure(wls)) if measure_now else (lambda: None),
+            cases.run_group(g)
+        after = hostcost.measure_baseline(self.cfg.host_baseline_s, imc=self.host.imc)
+        if w.rank == 0:  # the baseline again after the sweep: how much it moved
+            core.env["host_cost"]["baseline_after"] = after.to_json()
+        w.agree(
+            "the ceilings after the sweep",
+            (lambda: probes.after(the_plan.workloads, self.ceilings))
+            if w.rank == 0
+            else (lambda: None),
             timeout_s=dist.SETUP_TIMEOUT_S,
         )
-        kept = None
-        if w.rank == 0:
-            if measured is not None:
-                envb["ceilings"] = measured.to_json()
-                envb.pop("ceilings_error", None)
-            kept = envb.get("ceilings")  # measured now, or by the run resumed
-        # Every rank judges against what env.json keeps, as analysis will.
-        kept = w.all_gather(kept, "the ceilings")[0]
-        self.ceilings = Ceilings.from_json(kept) if kept else None
-        if w.rank == 0:
-            if self.ranked:
-                envb["ranks"] = dist.ranks_block(self.ctx, nodes, paths_all)
-            core.write_env()
+
+    def _finish(self) -> None:
+        """Rank 0: the rows judged again against the run's best ceilings, and env.json says
+        the sweep finished."""
+        core = self.core
+        if self.world.rank != 0 or not core.run_dir:
+            return
+        # the rows were judged against the ceilings before the sweep; now the run's best
+        # (after, probes) are known, the CSV says what the summary and the report say
+        n = rejudge_csv(os.path.join(core.run_dir, "results.csv"), core.env)
+        if n:
+            core.log(f"{n} rows' efficiencies judged again against the run's best ceilings")
+        core.env["sweep"]["finished"] = True
+        core.write_env()
 
 
 def summary_lines(run_dir: str, notes: list[str]) -> list[str]:

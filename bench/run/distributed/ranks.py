@@ -8,16 +8,21 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import sizes
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES
 from bench.config import sweep as config_mod
 from bench.measure import clock, results
+from bench.run.core import Core, World
 from bench.run.distributed.world import RankLost
-from bench.run.plan import Group
+from bench.run.plan import Group, RunPlan, Workload
+
+if TYPE_CHECKING:
+    from bench.common.devices import Device
 
 # Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises) or `kill`
 # (the rank SIGKILLs itself while its save persists), SAVE counting this job's saves from 0.
@@ -123,7 +128,7 @@ def load_shard(
 
 def plan_groups(
     cfg: config_mod.Config, spec: config_mod.RanksSpec, size: int, table: list[dict[str, Any]]
-) -> tuple[list[Group], dict[str, list], list[str]]:
+) -> tuple[list[Group], dict[str, list[tuple[list[int], bool]]], list[str]]:
     """The groups to run, every active rank's (target indices, subfolder) per group, and the
     groups skipped (with why)."""
     skipped = []
@@ -132,7 +137,8 @@ def plan_groups(
         if k > size:
             skipped.append(f"ranks.active {k}: the job has only {size} ranks")
     active = [k for k in active if k <= size]
-    groups, layout = [], {}
+    groups: list[Group] = []
+    layout: dict[str, list[tuple[list[int], bool]]] = {}
     for n in cfg.ssd_counts:
         for i, mapping in enumerate(spec.mapping):
             for k in active:
@@ -176,7 +182,7 @@ def _layout(
     return out
 
 
-def same_config(cfg: config_mod.Config, w: Any) -> None:
+def same_config(cfg: config_mod.Config, w: World) -> None:
     """Every rank must run the same sweep (targets may differ: each node its own disks)."""
     d = config_mod.resolved(cfg)
     for k in ("targets", "target_caps", "scratch"):
@@ -205,22 +211,20 @@ def check_resume_world(run_dir: str, size: int) -> None:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankContext:
     """What the rank-level steps of a sweep need of it, and no more: the config and its ranks
-    section, this rank's world, the run's device, core and plan, and whether the page cache is
-    dropped between cases."""
+    section, this rank's world, the run's device, core and (decided) plan."""
 
     cfg: config_mod.Config
     spec: config_mod.RanksSpec
-    world: Any
-    device: Any
-    core: Any  # bench.run.core.Core (it imports this package)
-    plan: Any  # bench.run.plan.RunPlan
-    cache_dropped: bool = False
+    world: World
+    device: Device
+    core: Core
+    plan: RunPlan
 
 
-def build_shard(ctx: RankContext, wl: Any, g: Group) -> Any:
+def build_shard(ctx: RankContext, wl: Workload, g: Group) -> Any:
     """This rank's shard of workload `wl` in group g, on its device."""
     w, cfg = ctx.world, ctx.cfg
     if wl.mlperf is not None:  # its own shard of the preset, as MLPerf lays out the ranks
@@ -236,7 +240,7 @@ def build_shard(ctx: RankContext, wl: Any, g: Group) -> Any:
 
 
 def ranks_block(
-    ctx: RankContext, nodes: list[Any], paths: list[dict[str, list[str]]]
+    ctx: RankContext, nodes: list[dict[str, Any] | None], paths: list[dict[str, list[str]]]
 ) -> dict[str, Any]:
     """env.json `ranks`: who ran where, and which targets each rank wrote (`paths`: every
     rank's own directories per group, as it resolved them on its node)."""
@@ -282,7 +286,7 @@ def write_lost(
     row: results.Row | None,
     lost: RankLost,
     g: Group,
-    wl: Any,
+    wl: Workload,
     engine: str,
     key: tuple[str, bool, int],
 ) -> None:
@@ -308,7 +312,7 @@ def write_lost(
         n_targets=g.n,
         rep=rep,
         warmup=warm,
-        cache_dropped=ctx.cache_dropped,
+        cache_dropped=ctx.plan.cache_dropped,
         dtype=ctx.cfg.dtype,
         options="{}",
         error=why,
@@ -336,7 +340,7 @@ def faults() -> dict[tuple[int, int], str]:
     return out
 
 
-def inject(kind: str, rank: int, save: int) -> Any:
+def inject(kind: str, rank: int, save: int) -> Callable[[], None]:
     """The fault to inject into a save, as an after-save hook (tests only)."""
     if kind == "error":
         raise RuntimeError(f"injected fault: rank {rank} fails save {save}")

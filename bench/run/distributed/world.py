@@ -1,5 +1,5 @@
-"""The job's process group as the run core's world: barriers that name lost ranks, gathers, and
-agreement on setup steps, over a gloo group with timeouts."""
+"""The job's process group as the run core's world (it satisfies bench.run.core.World): barriers
+that name lost ranks, gathers, and agreement on setup steps, over a gloo group with timeouts."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import re
 import socket
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from bench.common import log
 from bench.common.errors import UserError
+
+T = TypeVar("T")
 
 SETUP_TIMEOUT_S = 600.0  # barriers around setup steps that only some ranks do (ceilings)
 _STOP = threading.Event()  # torchrun sent SIGTERM: another rank failed, or the job is stopped
@@ -99,7 +102,7 @@ class TorchrunWorld:
         if _STOP.is_set():
             raise RankLost(where, [], "torchrun is stopping the job (SIGTERM)")
 
-    def all_gather(self, obj: Any, where: str) -> list[Any]:
+    def all_gather(self, obj: T, where: str) -> list[T]:
         """Every rank's `obj`, in rank order (call right after a barrier)."""
         import torch.distributed as dist
 
@@ -108,19 +111,21 @@ class TorchrunWorld:
             dist.all_gather_object(out, obj, group=self.group)
         except RuntimeError as e:
             raise RankLost(where, [], str(e).splitlines()[0]) from None
-        return out
+        return cast("list[T]", out)
 
-    def agree(self, where: str, fn: Any, timeout_s: float | None = None) -> Any:
+    def agree(self, where: str, fn: Callable[[], T], timeout_s: float | None = None) -> T:
         """Run `fn()` on every rank; if it raised on any, raise UserError on every rank naming
         the first such rank (so no rank goes on alone and waits for the others)."""
         from bench.run.rows import error_text
 
+        result: T | None = None
+        err = ""
         try:
-            result, err = fn(), ""
+            result = fn()
         except UserError as e:
-            result, err = None, str(e)
+            err = str(e)
         except Exception as e:  # reported on every rank
-            result, err = None, error_text(e)
+            err = error_text(e)
             log.for_rank(self.rank).error(traceback.format_exc())
         self.barrier(where, timeout_s)
         errs = self.all_gather(err, where)
@@ -128,7 +133,7 @@ class TorchrunWorld:
         if bad:
             more = f" (and on {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
             raise UserError(f"{where} failed on rank {bad[0][0]}{more}: {bad[0][1]}")
-        return result
+        return cast(T, result)  # fn() returned it: no rank failed
 
 
 def init_world(timeout_s: float, cuda: bool) -> TorchrunWorld:

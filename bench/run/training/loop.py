@@ -143,8 +143,7 @@ class TrainingRun:
             f"on {self.device.kind}, checkpoint every {cfg.checkpoint_every} "
             f"({state_bytes(cfg.model) / 1e6:.0f} MB); results in {core.run_dir}"
         )
-        core.progress(per * len(engines), "step")
-        self.bar = core.bar
+        self.bar = core.progress(per * len(engines), "step")
         try:
             for e in engines:
                 self.bar.set_description(e)
