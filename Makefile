@@ -40,6 +40,8 @@ help:
 	@echo "make perf     hot-path micro-benchmarks (make perf-compare: against the last run)"
 	@echo "make gpu-wheels / gpu-check   prepare / run the one-shot GPU check (scripts/)"
 	@echo "make gpu-rehearsal   the GPU check here, offline, from its wheels and the image's base"
+	@echo "make tune     each engine's best knobs for CONFIG's targets in BUDGET (results/tuned.yaml)"
+	@echo "make tune-check   the tuned knobs against an exhaustive sweep of the same grid (slow)"
 	@echo "make mutate   mutation testing of the crash-safety core (cosmic-ray; not in CI)"
 
 # Without a GPU the real kvikio package is installed too, without its CUDA dependencies
@@ -123,6 +125,18 @@ perf-compare: $(BIN)/.installed
 .PHONY: train
 train: $(BIN)/.installed
 	$(BIN)/ckptbench train configs/training.yaml $(ARGS)
+
+# Each engine's knobs searched on CONFIG's targets within BUDGET (bench/run/tune/, docs/tune.md);
+# `make bench ARGS='--tuned results/tuned.yaml'` applies them. tune-check runs the whole grid of
+# every tuned engine (scripts/tune_check.py): slow, so not in `make test`.
+BUDGET ?= 240s
+TUNED  ?= results/tuned.yaml
+.PHONY: tune tune-check
+tune: $(BIN)/.installed
+	$(BIN)/ckptbench tune $(CONFIG) --budget $(BUDGET) -o $(TUNED) $(ARGS)
+
+tune-check: $(BIN)/.installed
+	$(BIN)/python scripts/tune_check.py $(CONFIG) $(TUNED) $(ARGS)
 
 # The single-copy path against the peers users would pick and against fio, in one alternating run
 # (scripts/peers.py; fastpersist only where DeepSpeed is installed).

@@ -1,5 +1,8 @@
 """The `ckptbench` command: `run CONFIG`, `engines`, `clean TARGET...`, `report`, `model`, `compare`.
 
+`tune [CONFIG]` searches each engine's knobs for the targets and writes a profile that
+`run --tuned PROFILE` applies (bench/run/tune/).
+
 `train CONFIG` checkpoints a real training loop through each engine (bench/run/training/).
 
 `report RUN_DIR`, `model PROFILE` and `compare RUN_A RUN_B` read results files (analysis/).
@@ -27,12 +30,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from bench.config import sweep as config
     from bench.run import launch  # keep `--help` fast
 
+    if args.tuned and args.nproc:
+        raise UserError("--tuned: a tuned profile applies to one-process runs; drop --nproc")
     code = launch.cli_run(args)  # --nproc, a `ranks:` section, or a rank under torchrun
     if code is not None:
         return code
     from bench.run.sweep import Sweep, summary_lines
 
     cfg = config.load(args.config, args.set)
+    tuned = None
+    if args.tuned:
+        import socket
+
+        from bench.run.tune import profile
+
+        sets, tuned = profile.apply(args.tuned, cfg, socket.gethostname())
+        cfg = config.load(args.config, sets + args.set)  # an explicit --set still wins
     r = Sweep(
         cfg,
         devices.detect(cfg.device),
@@ -40,6 +53,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         resume=args.resume,
         preflight_only=args.preflight,
+        tuned=tuned,
     )
     if args.preflight:
         return _preflight_table(r)
@@ -71,6 +85,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         code = max(code, after_run(run_dir))
     return code
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import time
+
+    started = time.monotonic()  # the budget counts the imports and the plan too
+    from bench.config import sweep as config
+    from bench.run.tune import Tuner, parse_budget, profile
+
+    budget = parse_budget(args.budget)
+    sets = list(args.set)
+    if args.targets:
+        counts = config.load(args.config, sets).ssd_counts
+        fit = [c for c in counts if c <= len(args.targets)] or [len(args.targets)]
+        sets += [f"targets=[{', '.join(args.targets)}]", f"ssd_counts={fit}"]
+    t = Tuner(args.config, sets, budget, args.output, started=started)
+    try:
+        d = t.run()
+    except KeyboardInterrupt:
+        done = ", ".join(f"{r['engine']} x{r['ssd_count']}" for r in t.done) or "none"
+        last = ""
+        if t.tried:
+            e, n, tr = t.tried[-1]
+            last = f"; the last: {e} x{n} " + " ".join(f"{k}={v}" for k, v in tr.setting.items())
+        print(
+            f"ckptbench: tune interrupted, no profile written; {len(t.tried)} trial(s) run "
+            f"(raw rows under {args.output}/), searches finished: {done}{last}",
+            file=sys.stderr,
+        )
+        return 130
+    profile.write(d, args.profile)
+    print(
+        f"tune: {d['took_s']:.1f}s of a {budget:g}s budget; profile {args.profile} "
+        f"(apply it with: ckptbench run {args.config} --tuned {args.profile})"
+    )
+    return 0
 
 
 def _preflight_table(r: Sweep) -> int:
@@ -374,7 +424,26 @@ def parser() -> argparse.ArgumentParser:
         help="run N ranks through torchrun (one GPU each on CUDA), each saving its "
         "shard; same as --set ranks.nproc=N",
     )
+    r.add_argument(
+        "--tuned",
+        metavar="PROFILE",
+        help="apply the knobs of a `ckptbench tune` profile (refused if the host, or a target's "
+        "file system or device, differs from the profile's)",
+    )
     r.set_defaults(fn=_cmd_run)
+    tu = sub.add_parser("tune", help="find each engine's best knobs for the targets, in a budget")
+    tu.add_argument("config", nargs="?", default="configs/default.yaml", help="YAML sweep config")
+    tu.add_argument("--targets", nargs="+", metavar="PATH", help="instead of the config's")
+    tu.add_argument("--budget", default="60s", help="wall time of the whole tune (default 60s)")
+    tu.add_argument(
+        "-o",
+        "--profile",
+        default="results/tuned.yaml",
+        help="the profile to write (default results/tuned.yaml)",
+    )
+    tu.add_argument("--output", default="results", help="trials' results root (default: results)")
+    tu.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for run")
+    tu.set_defaults(fn=_cmd_tune)
     t = sub.add_parser("train", help="checkpoint a real training loop through each engine")
     t.add_argument("config", help="YAML training config, e.g. configs/training.yaml")
     t.add_argument("-o", "--output", default="results", help="results root (default: results)")

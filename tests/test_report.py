@@ -21,7 +21,7 @@ from analysis.model.profiles import load_profiles
 from analysis.model.published import table as validation_table
 from analysis.model.published import validate
 from analysis.model.render import FORMULAS_MD
-from analysis.report import glossary, restore
+from analysis.report import glossary, restore, tuning
 from analysis.report.answer import PROFILE_FIRST, profile_rows
 from analysis.report.build import build
 from analysis.report.doc import Doc
@@ -129,6 +129,7 @@ def test_every_table_the_report_can_print_has_its_terms() -> None:
         validation_table(validate()),
         (["input", "value", "kind", "source"], []),
         (mlperf.HEADERS, []),
+        (tuning.HEADERS, []),
         scaling.rows(empty),
         contention.rows(empty),
         training.summary_rows(empty),

@@ -330,6 +330,24 @@ TERMS: dict[str, Term] = {
         "The first steps after the restart had the uninterrupted run's losses, bit for bit.",
         ("training_checkpoints.csv:restart_loss_match",),
     ),
+    # a tuned run (ckptbench run --tuned; docs/tune.md)
+    "tuned on SSDs": Term("The SSD count of the tune's search whose knobs the run applied."),
+    "run SSDs": Term("The SSD count of this run's rows beside them (the nearest it has)."),
+    "knobs": Term("The engine options the tuned profile set (the rest as the config has them)."),
+    "default GB/s (tune)": Term(
+        "The tune's median durable GB/s with the engine's default knobs (bytes / save() until "
+        "durable)."
+    ),
+    "tuned GB/s (tune)": Term("The tune's median durable GB/s with the knobs it found."),
+    "this run GB/s": Term(
+        f"This run's write bandwidth to durability with them: bytes / total_s, {MEDIAN}.",
+        ("total_bytes", "total_s"),
+    ),
+    "ceiling GB/s": Term(
+        "The run's ceiling for the engine's kind of write on those targets (this run GB/s "
+        "over its write efficiency); empty without ceilings.",
+        ("write_efficiency",),
+    ),
 }
 
 

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field
 from bench.common.errors import UserError
 from bench.common.schema import DTYPES, PosInt, Rate, Size, Strict, read_yaml, validated
 from bench.engines import ENGINES, validate_options
+from bench.engines.registry import knob_grid
 from bench.workloads import mlperf as mlperf_mod
 from bench.workloads.presets import PRESETS, cut_error
 
@@ -136,6 +137,9 @@ class Config(Strict):
     # the source); `auto` fresh where a second copy fits, else the restart (bench.run.preflight).
     restore: Restore = "restart"
     engine_options: dict[str, dict[str, Any]] = {}
+    # `ckptbench tune`'s ranges, engine -> knob -> values, in place of the engine's declared ones
+    # (bench.engines.options TUNABLE); `run` ignores it.
+    tune: dict[str, dict[str, Any]] = {}
     ceilings: CeilingSpec = CeilingSpec()
     # Seconds the host is watched at rest before the saves, and again after them: the idle
     # baseline whose background rate the host-cost figures take away (bench.measure.hostcost,
@@ -174,6 +178,10 @@ def _check(cfg: Config) -> None:
     if not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\0" in cfg.name:
         raise UserError(f"name: {cfg.name!r} must be a non-empty name without '/'")
     check_engines(cfg.engines, cfg.engine_options)
+    for e, ranges in cfg.tune.items():
+        if e not in ENGINES:
+            raise UserError(f"tune.{e}: unknown engine {e!r}")
+        knob_grid(e, ranges, cfg.engine_options.get(e))
     targets = cfg.resolved_targets()
     for i, t in enumerate(targets):
         if t in targets[:i]:

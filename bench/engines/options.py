@@ -8,7 +8,7 @@ engine reuses one of these or adds its own here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -17,8 +17,17 @@ from bench.common.schema import NonNeg, PosInt, Rate, Size, SizeOrZero, Strict
 ALIGN = 4096  # O_DIRECT alignment (bench.storage.odirect.ALIGN)
 
 
+# What `ckptbench tune` may search (bench.run.tune): each model's TUNABLE maps a knob to the values
+# tried by default, the model's own default among them; a config's `tune:` section narrows or
+# widens a range, each value checked by the model (bench.engines.registry.knob_grid).
+Knobs = dict[str, tuple[Any, ...]]
+MiB = 1 << 20
+
+
 class NoOptions(Strict):
     """An engine without knobs."""
+
+    TUNABLE: ClassVar[Knobs] = {}
 
 
 class StripedOptions(Strict):
@@ -35,6 +44,11 @@ class StripedOptions(Strict):
     # Write-bandwidth cap in bytes/s (emulated slower SSDs): one value for every target, or a
     # list with one per target (None: uncapped). Paced per target by a token bucket.
     max_write_bw: Rate | list[Rate | None] | None = None
+
+    TUNABLE: ClassVar[Knobs] = {
+        "threads_per_target": (1, 2, 4, 8),
+        "chunk_bytes": (4 * MiB, 16 * MiB, 64 * MiB),
+    }
 
     @field_validator("chunk_bytes")
     @classmethod
@@ -74,6 +88,11 @@ class SnapshotOptions(StripedOptions):
     # (bench.storage.readback.direct_chunks), the rest through the ring; false: every chunk
     # through the ring and a memcpy (two copies), for a side-by-side measurement.
     restore_direct: bool = True
+
+    TUNABLE: ClassVar[Knobs] = {
+        **StripedOptions.TUNABLE,
+        "staging_chunks": (0, 8),  # the whole state staged, or a ring of 8 chunks
+    }
 
 
 class DoubleOptions(SnapshotOptions):
@@ -120,6 +139,8 @@ class DcpOptions(Strict):
     # writes in a separate process; needs a process group, one of one rank is made if none).
     checkpointer: Literal["thread", "process"] = "thread"
 
+    TUNABLE: ClassVar[Knobs] = {"thread_count": (1, 2, 4, 8)}
+
 
 class FastPersistOptions(Strict):
     """DeepSpeed FastPersist's knobs, by default as the issue's measurements ran it (16 MiB
@@ -130,6 +151,12 @@ class FastPersistOptions(Strict):
     queue_depth: PosInt = 64
     threads: PosInt = 4  # aio intra_op_parallelism
     buffer_bytes: Size = 64 << 20
+
+    TUNABLE: ClassVar[Knobs] = {
+        "threads": (1, 2, 4, 8),
+        "buffer_bytes": (16 * MiB, 64 * MiB, 256 * MiB),
+        "queue_depth": (8, 64),
+    }
 
     @field_validator("buffer_bytes")
     @classmethod

@@ -67,3 +67,38 @@ def validate_options(name: str, given: Any, path: str = "") -> Any:
     if path:
         return validated(options_model(name), given, "", path=path)
     return validated(options_model(name), given, f"engine {name}")
+
+
+def knob_grid(
+    name: str, ranges: dict[str, list[Any]] | None = None, base: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Every setting `ckptbench tune` may try for engine `name`: the cartesian product of its
+    knobs' values (its options model's TUNABLE, each range replaced by `ranges`' where given),
+    each one checked by the model on top of `base` (the config's options). A knob the engine does
+    not declare, or a value its model refuses, is a one-line error under `tune.NAME.KNOB`."""
+    import itertools
+
+    model = options_model(name)
+    declared: opts.Knobs = getattr(model, "TUNABLE", {})  # every model here declares it
+    knobs = {k: list(v) for k, v in declared.items()}
+    for knob, values in (ranges or {}).items():
+        where = f"tune.{name}.{knob}"
+        if knob not in knobs:
+            known = ", ".join(knobs) or "none"
+            raise UserError(f"{where}: not a knob tune can search for {name} (its knobs: {known})")
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{where}: expected a non-empty list of values, got {values!r}")
+        for v in values:
+            validated(model, {**(base or {}), knob: v}, "", path=where.rsplit(".", 1)[0])
+        knobs[knob] = values
+    grid = []
+    for combo in itertools.product(*knobs.values()):
+        setting = dict(zip(knobs, combo, strict=True))
+        checked = validated(model, {**(base or {}), **setting}, f"tune.{name}")
+        # the values as the model holds them (sizes in bytes), so settings compare equal
+        grid.append({k: getattr(checked, k) for k in setting})
+    unique = []
+    for g in grid:
+        if g not in unique:
+            unique.append(g)
+    return unique

@@ -56,8 +56,10 @@ class Sweep:
         quiet: bool = False,
         resume: str | None = None,
         preflight_only: bool = False,
+        tuned: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tuned = tuned  # env.json `tuned`: the profile `run --tuned` applied (bench.run.tune)
         self.device = device
         self.preflight_only = preflight_only  # judge every case, then stop (`run --preflight`)
         self.core = Core(cfg, device, out_root, world=world, quiet=quiet, resume=resume)
@@ -118,7 +120,7 @@ class Sweep:
 
     def _environment(self, the_plan: RunPlan) -> None:
         """The notes on how the run's machine may colour its numbers, and env.json's
-        `preflight` and `mlperf` blocks."""
+        `preflight`, `mlperf` and `tuned` blocks."""
         cfg, w, core = self.cfg, self.world, self.core
         if self.ranked and w.size != self.spec.nproc:
             core.note(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
@@ -141,6 +143,8 @@ class Sweep:
                 "scheme): page-cache rates and a restore of older files may move with it"
             )
         envb["preflight"] = dict(the_plan.preflight)
+        if self.tuned is not None:
+            envb["tuned"] = self.tuned
         if cfg.mlperf is not None:
             envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
 
