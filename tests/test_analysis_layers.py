@@ -18,7 +18,7 @@ LAYERS = [
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],
     ["report.host", "report.caveats", "report.summary", "report.model", "report.environment"]
-    + ["report.glossary"]
+    + ["report.glossary", "report.tuning"]
     + ["report.training", "report.contention", "report.scaling", "report.restore", "report.mlperf"],
     ["report.answer", "compare"],
     ["report.build"],

@@ -34,7 +34,6 @@ from analysis.figures.training import training_stall
 from analysis.model.calibrate import from_run
 from analysis.model.planning import measured_restores
 from analysis.model.profiles import PROFILES_DIR, Profile, load_profiles
-from analysis.report import tuning
 from analysis.report.answer import gds_section, profile_rows
 from analysis.report.caveats import warnings_for
 from analysis.report.contention import contention_section
@@ -54,6 +53,7 @@ from analysis.report.restore import restore_columns, restore_section
 from analysis.report.scaling import scaling_section
 from analysis.report.summary import summary_columns, summary_section
 from analysis.report.training import training_section
+from analysis.report.tuning import present as tuning_present
 from analysis.report.tuning import tuning_section
 from analysis.runs import Run
 from analysis.tables import text_table
@@ -185,7 +185,7 @@ def document(
         scaling_section(d, run)
     if mlperf.present(run):
         mlperf_section(d, run)
-    if tuning.present(run):
+    if tuning_present(run):
         tuning_section(d, run)
     model_section(d, run, this, profiles)
 
