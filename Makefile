@@ -57,10 +57,22 @@ bench: $(BIN)/.installed
 	$(BIN)/ckptbench run $(CONFIG) $(ARGS)
 
 # mypy first (pyproject.toml [tool.mypy]: bench/ and analysis/, pinned): a type error fails the tests.
-# --durations=25: the slowest tests named in every run.
+# Then pytest in two parts. Most tests run in parallel (pytest-xdist, TEST_WORKERS workers, one per
+# CPU by default; each test file on one worker, so its module fixtures are built once). Those
+# marked `alone` (pyproject.toml: they read the whole host's CPU, the page cache, a port or a wall
+# clock, which a test beside them would disturb) run after, one at a time. Both parts run even if
+# the first fails; an ARGS selection with nothing in one part is not a failure.
+# --durations: the slowest tests named in every run.
+TEST_WORKERS ?= auto
 test: $(BIN)/.installed
 	$(BIN)/mypy
-	$(BIN)/pytest -q --durations=25 $(ARGS)
+	@rc=0; \
+	echo "== pytest, in parallel (-n $(TEST_WORKERS)): the tests not marked alone"; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not alone' --durations=25 $(ARGS) \
+		|| { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	echo "== pytest, one at a time: the tests marked alone"; \
+	$(BIN)/pytest -q -m alone --durations=10 $(ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	exit $$rc
 
 engines: $(BIN)/.installed
 	$(BIN)/ckptbench engines

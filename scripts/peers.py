@@ -83,7 +83,7 @@ def _fio(path: str, nbytes: int, rw: str) -> float:
             f"--filename={path}",
             f"--size={nbytes}",
             f"--rw={rw}",
-            "--bs=8m",
+            f"--bs={min(8 << 20, nbytes)}",  # fio refuses a block larger than the file
             "--direct=1",
             "--ioengine=libaio",
             "--iodepth=16",

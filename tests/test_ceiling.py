@@ -559,6 +559,7 @@ def test_the_csv_is_judged_again_against_the_best_ceilings(tmp_path: Path) -> No
     assert not (tmp_path / "results.csv.tmp").exists()
 
 
+@pytest.mark.alone  # another test's sweep would drop the pages a buffered read brought in
 def test_a_read_ceiling_reads_its_files_back_from_the_device(scratch: Path, monkeypatch) -> None:
     """The files a read ceiling reads hold different random bytes in every block, none of them
     in the page cache; an O_DIRECT read brings none of them into it, a buffered one brings

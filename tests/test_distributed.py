@@ -555,6 +555,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # it picks a free port, then the agents bind it
 def test_two_nodes_on_loopback() -> None:
     """Two torchrun agents as two nodes (c10d rendezvous on 127.0.0.1), each with its own
     targets: rank 0 gathers every node's rows and records each node's storage."""

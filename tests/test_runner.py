@@ -85,6 +85,12 @@ def read_csv(run_dir: str) -> tuple[list[str], list[dict[str, str]]]:
         return list(reader.fieldnames or []), list(reader)
 
 
+# The tiny run's cpu-double rows and the test below read what stays in the page cache after a
+# save or a restore: another test's sweep, dropping the page cache between its cases, would take
+# it away. These run after the others, alone (`make test`).
+ALONE = pytest.mark.alone
+
+
 @pytest.fixture(scope="module")
 def tiny() -> Iterator[dict[str, Any]]:
     """Runs the tiny sweep once; yields the runner, its run directory and the rows."""
@@ -107,6 +113,7 @@ def tiny() -> Iterator[dict[str, Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@ALONE
 def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
     cfg, rows = tiny["cfg"], tiny["rows"]
     assert tiny["columns"] == results.COLUMNS
@@ -118,6 +125,7 @@ def test_tiny_run_columns_and_row_count(tiny: dict[str, Any]) -> None:
     assert sorted(os.listdir(tiny["run_dir"])) == ["env.json", "results.csv"]
 
 
+@ALONE
 def test_tiny_run_ran_a_plan_decided_whole_and_frozen(tiny: dict[str, Any]) -> None:
     """The plan the sweep ran was complete before the first save (every case's verdict, the
     rows already done, the page-cache policy, env.json's preflight block) and cannot be
@@ -139,6 +147,7 @@ def test_tiny_run_ran_a_plan_decided_whole_and_frozen(tiny: dict[str, Any]) -> N
         p.cache_dropped = not p.cache_dropped
 
 
+@ALONE
 def test_tiny_run_watches_the_host_at_rest_for_its_configs_baseline(tiny: dict[str, Any]) -> None:
     """The idle baseline lasts the config's host_baseline_s, before the saves and after them."""
     env = json.loads(Path(tiny["run_dir"], "env.json").read_text())
@@ -147,6 +156,7 @@ def test_tiny_run_watches_the_host_at_rest_for_its_configs_baseline(tiny: dict[s
         assert QUICK_BASELINE_S <= took < hostcost.BASELINE_S, (when, took)
 
 
+@ALONE
 def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any]) -> None:
     """A probe per workload and target count, in run order, with the keys the model reads;
     the model of each case is taken from the probes around it."""
@@ -179,6 +189,7 @@ def test_tiny_run_probes_the_ceilings_before_each_workload(tiny: dict[str, Any])
     assert got == pytest.approx(float(np.median(window)))
 
 
+@ALONE
 def test_tiny_run_cases_in_order(tiny: dict[str, Any]) -> None:
     got = [
         (r["n_targets"], r["workload"], r["warmup"], r["rep"], r["engine"]) for r in tiny["rows"]
@@ -196,6 +207,7 @@ def test_tiny_run_cases_in_order(tiny: dict[str, Any]) -> None:
         assert r["run_id"] == tiny["runner"].run_id
 
 
+@ALONE
 def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
     for r in tiny["rows"]:
         e, n = r["engine"], int(r["n_targets"])
@@ -257,12 +269,14 @@ def test_tiny_run_row_values(tiny: dict[str, Any]) -> None:
             assert float(r["total_s"]) == float(r["stall_s"]), where
 
 
+@ALONE
 def test_tiny_run_staging_grows_only_outside_the_timed_saves(tiny: dict[str, Any]) -> None:
     # The runner warms every engine's staging for the state before timing anything.
     assert {r["staging_grew"] for r in tiny["rows"]} == {"False"}
     assert {r["copied_tensors"] for r in tiny["rows"]} == {"0"}
 
 
+@ALONE
 def test_tiny_run_env_json(tiny: dict[str, Any]) -> None:
     with open(os.path.join(tiny["run_dir"], "env.json")) as f:
         envb = json.load(f)
@@ -289,6 +303,7 @@ def test_tiny_run_env_json(tiny: dict[str, Any]) -> None:
     assert envb["memory_bytes"] > 0 and envb["cpu"]["logical_cores"] >= 1
 
 
+@ALONE
 def test_tiny_run_summary(tiny: dict[str, Any]) -> None:
     from analysis import runs, summary
 
@@ -305,6 +320,7 @@ def test_tiny_run_summary(tiny: dict[str, Any]) -> None:
 # -- page cache and stall: the point of cpu-single ----------------------------------------------
 
 
+@ALONE
 @pytest.mark.parametrize("engine", ["cpu-single", "cpu-double"])
 def test_what_a_save_leaves_in_the_page_cache(make_engine: Any, targets: Any, engine: str) -> None:
     """cpu-single writes with O_DIRECT: once durable, none of its checkpoint's pages are in the

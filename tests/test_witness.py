@@ -387,6 +387,7 @@ def test_a_save_whose_fsyncs_are_dropped_is_denied_and_ours_fails(
         eng.close()
 
 
+@pytest.mark.alone  # another test's sweep would drop the pages it restores from
 def test_a_restore_from_a_page_cache_that_was_not_dropped_is_flagged(
     loop_mount: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
