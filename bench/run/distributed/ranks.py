@@ -183,18 +183,40 @@ def _layout(
 
 
 def same_config(cfg: config_mod.Config, w: World) -> None:
-    """Every rank must run the same sweep (targets may differ: each node its own disks)."""
+    """Every rank must run the same sweep as rank 0 (targets, their caps and scratch may differ:
+    each node its own disks); else a UserError on every rank naming the first rank that
+    differs, its host and the first key."""
     d = config_mod.resolved(cfg)
-    for k in ("targets", "target_caps", "scratch"):
+    for k in ("targets", "target_caps", "max_write_bw", "scratch"):
         d.pop(k, None)
-    mine = json.dumps(d, sort_keys=True, default=str)
-    theirs = w.all_gather(mine, "the config check")
-    for r, t in enumerate(theirs):
-        if t != mine:
-            raise UserError(
-                f"rank {r} runs another config than rank {w.rank} (give every node the same "
-                "config and --set; only targets and scratch may differ)"
-            )
+    mine = json.loads(json.dumps(d, sort_keys=True, default=str))
+    theirs = w.all_gather((w.host, mine), "the config check")
+    host0, first = theirs[0]
+    for r, (host, t) in enumerate(theirs):
+        if t == first:
+            continue
+        key = _first_difference(first, t)
+        where = f"{host}, rank {r}" if host != host0 else f"rank {r}"
+        raise UserError(
+            f"{key}: {where} runs {_show(t, key)}, {host0} (rank 0) {_show(first, key)}; give "
+            "every node the same config and --set (only targets and scratch may differ)"
+        )
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """The dotted path of the first key where two resolved configs differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+    return path or "config"
+
+
+def _show(d: Any, key: str) -> str:
+    """The value at dotted `key` of a resolved config, as the user would write it."""
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return "nothing" if d is None else json.dumps(d)
 
 
 def check_resume_world(run_dir: str, size: int) -> None:

@@ -128,11 +128,14 @@ class TorchrunWorld:
             err = error_text(e)
             log.for_rank(self.rank).error(traceback.format_exc())
         self.barrier(where, timeout_s)
-        errs = self.all_gather(err, where)
-        bad = [(r, m) for r, m in enumerate(errs) if m]
+        errs = self.all_gather((self.host, err), where)
+        bad = [(r, h, m) for r, (h, m) in enumerate(errs) if m]
         if bad:
+            r, h, m = bad[0]
+            # across hosts, the host is what the user goes to fix
+            on = f"rank {r} ({h})" if len({x[0] for x in errs}) > 1 else f"rank {r}"
             more = f" (and on {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-            raise UserError(f"{where} failed on rank {bad[0][0]}{more}: {bad[0][1]}")
+            raise UserError(f"{where} failed on {on}{more}: {m}")
         return cast(T, result)  # fn() returned it: no rank failed
 
 
