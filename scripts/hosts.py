@@ -460,9 +460,7 @@ def run(
                     h.proc.wait()
             for t in relays:
                 t.join(timeout=5)
-            code, last = outcome(
-                [h for h in hosts.hosts if h.index not in a.leave_out], a.rdzv_timeout
-            )
+            code, last = outcome(hosts.hosts, a.rdzv_timeout)
         except (KeyboardInterrupt, _Stop):
             code, last = 130, "interrupted: the agents were stopped"
         except RuntimeError as e:  # a setup command failed
