@@ -42,6 +42,7 @@ class CaseRunner:
         *,
         ranked: bool,
         ceilings: Ceilings | None,
+        judges: rows.Judges = None,
         host: hostcost.Host,
         probes: CeilingRunner,
     ) -> None:
@@ -52,7 +53,8 @@ class CaseRunner:
         self.plan: RunPlan = ctx.plan
         self.ctx = ctx
         self.ranked = ranked
-        self.ceilings = ceilings
+        self.ceilings = ceilings  # this rank's host's
+        self.judges = judges if judges is not None else ceilings  # an aggregate row's
         self.host = host
         self.probes = probes
         self.faults = dist.faults() if ranked else {}
@@ -288,6 +290,14 @@ class CaseRunner:
             core.env.setdefault("mlperf", {}).setdefault("order", {})[engine] = events
             core.write_env()
 
+    def sharing(self, g: Group) -> bool:
+        """Whether other active ranks of group g share this rank's host (its ceilings then judge
+        their sum, the aggregate row, not this rank's share)."""
+        if g.k == 1 or not self.plan.table:
+            return g.k > 1
+        me = self.world.node_rank
+        return sum(1 for t in self.plan.table[: g.k] if t["node_rank"] == me) > 1
+
     def save(self, row: results.Row, eng: Clocked, state: Any, name: str, g: Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))
         try:
@@ -295,7 +305,7 @@ class CaseRunner:
             protocol.save_phase(
                 row, eng, state, name, self.ceilings, after_save=hook, host=self.host
             )
-            if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
+            if self.sharing(g):  # the ceilings are the whole host's: see the aggregate row
                 row.write_efficiency = row.snapshot_efficiency = None
                 row.ceiling_beaten = False
         except Exception as e:  # reported on every rank (fail_together)
@@ -337,7 +347,7 @@ class CaseRunner:
                 load=load,
                 fingerprint=(self._fingerprint or []) if in_place else None,
             )
-            if g.k == 1:  # a rank's share of a many-rank restore: see the aggregate row
+            if not self.sharing(g):  # a rank's share of its host's: see the aggregate row
                 rows.judge_row(row, self.ceilings)
         except Exception as e:
             row.error = rows.error_text(e)
@@ -408,7 +418,7 @@ class Repetition:
         bad = rows.fail_together(got, cases.cfg.verify)
         core.write(got)
         if ranked:
-            core.write([rows.aggregate(got, cases.ceilings)])
+            core.write([rows.aggregate(got, cases.judges)])
         if core.bar is not None:
             core.bar.update(1)
         if bad is not None:

@@ -252,6 +252,7 @@ def page_cache(run: Inputs, p: RunPlan) -> tuple[list[dict[str, Any] | None], bo
         if w.local_rank != 0:
             return None
         return {
+            "env": env_mod.node_info(),
             "storage": env_mod.targets_info(p.targets[: max(cfg.ssd_counts)]),
             "cache_drop": measure.drop_page_cache(),
         }

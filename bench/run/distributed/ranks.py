@@ -262,10 +262,14 @@ def build_shard(ctx: RankContext, wl: Workload, g: Group) -> Any:
 
 
 def ranks_block(
-    ctx: RankContext, nodes: list[dict[str, Any] | None], paths: list[dict[str, list[str]]]
+    ctx: RankContext,
+    nodes: list[dict[str, Any] | None],
+    paths: list[dict[str, list[str]]],
+    ceilings: dict[int, Any] | None = None,
 ) -> dict[str, Any]:
-    """env.json `ranks`: who ran where, and which targets each rank wrote (`paths`: every
-    rank's own directories per group, as it resolved them on its node)."""
+    """env.json `ranks`: who ran where, what each node is (its environment and storage, and
+    across hosts its own `ceilings`), and which targets each rank wrote (`paths`: every rank's
+    own directories per group, as it resolved them on its node)."""
     spec, table = ctx.spec, ctx.plan.table
     layout = {}
     for g in ctx.plan.groups:
@@ -292,7 +296,15 @@ def ranks_block(
         "active": sorted({g.k for g in ctx.plan.groups}),
         "table": table,
         "nodes": {
-            str(table[r]["node_rank"]): {"host": table[r]["host"], **n}
+            str(table[r]["node_rank"]): {
+                "host": table[r]["host"],
+                **n,
+                **(
+                    {"ceilings": ceilings[table[r]["node_rank"]]}
+                    if ceilings and table[r]["node_rank"] in ceilings
+                    else {}
+                ),
+            }
             for r, n in enumerate(nodes)
             if n
         },
