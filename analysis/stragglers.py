@@ -75,8 +75,8 @@ def spreads(run: Run) -> list[Spread]:
                     slowest_over_p50=float(by_rank.max()) / p50 if p50 else float("nan"),
                 )
             )
-    rank = {e: i for i, e in enumerate(order_engines({s.case[-1] for s in out}))}
-    return sorted(out, key=lambda s: rank[s.case[-1]])
+    rank = {e: i for i, e in enumerate(order_engines({str(s.case[-1]) for s in out}))}
+    return sorted(out, key=lambda s: rank[str(s.case[-1])])
 
 
 def table(ss: list[Spread]) -> pd.DataFrame:
