@@ -1,7 +1,8 @@
-"""scripts/hosts.py: two hosts on one machine (network, UTS and mount namespaces, a veth pair,
-a loop disk each, one torchrun agent per host), as root.
+"""Across hosts: scripts/hosts.py (two hosts on one machine: network, UTS and mount namespaces, a
+veth pair, a loop disk each, one torchrun agent per host, as root), each host's ceilings judging
+its ranks, the stragglers named, `compare` across hosts.
 
-Every test runs the script under its own tag and checks, after it, that nothing of that tag is
+The pure pieces run in process. Every script test runs the script under its own tag and checks, after it, that nothing of that tag is
 left: no namespace, no loop device on its images, no mount, no work directory. One real job (2
 hosts x 1 rank, 8 MiB, host 1's target capped: the straggler named); the others end before any
 rank saves: a config that differs on host 1 (exit 2 on both hosts, one line naming host and key),
@@ -31,15 +32,22 @@ import hosts  # noqa: E402
 
 from bench.measure import results  # noqa: E402
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
 JOB_TIMEOUT_S = 300  # the hard guard around every invocation: catches hangs, not slowness
+MiB = 2**20
+# The script's tests: root, and slow (each starts torch on two "hosts").
+namespaces = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        bool(hosts.requirements()), reason=f"scripts/hosts.py {hosts.requirements()}"
+    ),
+]
 
 
-@pytest.fixture(autouse=True)
-def _need_namespaces() -> None:
-    why = hosts.requirements()
-    if why:
-        pytest.skip(f"scripts/hosts.py {why}")
+def _marks(f: Any) -> Any:
+    for m in namespaces:
+        f = m(f)
+    return f
 
 
 def _tag() -> str:
@@ -116,6 +124,7 @@ def root() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@_marks
 def test_a_config_that_differs_on_a_host_is_refused_on_both(root: Path) -> None:
     tag = _tag()
     cfg = _config(root)
@@ -137,6 +146,7 @@ def test_a_config_that_differs_on_a_host_is_refused_on_both(root: Path) -> None:
     _nothing_left(tag)
 
 
+@_marks
 def test_a_rendezvous_that_never_forms_names_its_timeout(root: Path) -> None:
     tag = _tag()
     p = _run(
@@ -151,6 +161,7 @@ def test_a_rendezvous_that_never_forms_names_its_timeout(root: Path) -> None:
     _nothing_left(tag)
 
 
+@_marks
 def test_ctrl_c_tears_everything_down(root: Path) -> None:
     """Ctrl-C while host 0's agent waits in the rendezvous (host 1 never starts one): the
     agent, its mount, the loop devices and the namespaces all go."""
@@ -186,6 +197,7 @@ def _agent_in(netns: str) -> bool:
     return False
 
 
+@_marks
 def test_bad_options_are_one_line() -> None:
     p = _run(_script("x", "--host-set", "2:scratch=/x", "--", "run", "c.yaml"))
     assert (p.returncode, p.stderr) == (
@@ -202,3 +214,131 @@ def test_bad_options_are_one_line() -> None:
 def _rows(out: Path) -> Any:
     (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
     return run_dir, results.read_rows(str(run_dir))
+
+
+# --- pure pieces -------------------------------------------------------------------------------
+
+
+def _ceilings(direct_Bps: float) -> dict[str, Any]:
+    return {"per_ssd_count": {"1": {"direct_write_Bps": direct_Bps}}, "copy_Bps": 10e9}
+
+
+def _env(*hosts_Bps: float) -> dict[str, Any]:
+    nodes = {
+        str(n): {"host": f"host{n}", "ceilings": _ceilings(b)} for n, b in enumerate(hosts_Bps)
+    }
+    return {"ceilings": _ceilings(hosts_Bps[0]), "ranks": {"nodes": nodes}}
+
+
+def test_each_host_judges_its_ranks_and_an_aggregate_their_sum() -> None:
+    from bench.common.traits import BUILTIN
+    from bench.measure import efficiency as eff
+
+    env = _env(2e9, 1e9)
+    row = {"engine": "cpu-single", "n_targets": 1, "total_bytes": 1e9, "total_s": 1.0}
+    traits = BUILTIN["cpu-single"]
+    # a rank on host 1 against host 1's 1 GB/s; an aggregate against 2 + 1 GB/s
+    assert eff.efficiency_by(row, eff.judges(env, 1), traits)[0] == 1.0
+    assert eff.efficiency_by(row, eff.judges(env, 0), traits)[0] == 0.5
+    assert eff.efficiency_by(row, eff.judges(env, -1), traits)[0] == round(1 / 3, 4)
+    # one host: the run's ceilings judge every row, as before
+    one = {"ceilings": _ceilings(2e9), "ranks": {"nodes": {"0": {"ceilings": _ceilings(9e9)}}}}
+    assert [eff.efficiency_by(row, eff.judges(one, n), traits)[0] for n in (0, -1)] == [0.5, 0.5]
+    # a host without ceilings: an aggregate across hosts is not judged
+    env["ranks"]["nodes"]["1"].pop("ceilings")
+    assert eff.judges(env, -1) == [] and eff.judges(env, 1) == []
+
+
+def test_a_config_difference_is_named_by_its_first_key() -> None:
+    from bench.run.distributed import ranks
+
+    a = {"repetitions": 3, "ceilings": {"enabled": True, "tool": "auto"}}
+    b = {"repetitions": 3, "ceilings": {"enabled": True, "tool": "fio"}}
+    assert ranks._first_difference(a, b) == "ceilings.tool"
+    assert ranks._show(b, "ceilings.tool") == '"fio"'
+    assert ranks._show(b, "mlperf") == "nothing"
+
+
+def _rank_rows(durable: dict[int, list[float]], host_of: dict[int, str]) -> Any:
+    import pandas as pd
+
+    out = []
+    for rank, ts in durable.items():
+        for rep, t in enumerate(ts):
+            out.append(
+                {
+                    "workload": "w",
+                    "n_targets": 1,
+                    "target_map": "shared",
+                    "ranks_active": len(durable),
+                    "engine": "cpu-single",
+                    "rank": rank,
+                    "node": host_of[rank],
+                    "rep": rep,
+                    "aggregate": False,
+                    "stall_s": 0.01,
+                    "total_s": t,
+                    "restore_s": 0.1,
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def test_a_slow_host_is_named_a_straggler_and_an_even_job_is_not() -> None:
+    from types import SimpleNamespace
+
+    from analysis import stragglers
+
+    host_of = {0: "host0", 1: "host0", 2: "host1", 3: "host1"}
+    slow = {0: [1.0, 1.1], 1: [0.9, 1.0], 2: [1.0, 1.0], 3: [4.0, 4.4]}
+    run: Any = SimpleNamespace(ranked=_rank_rows(slow, host_of))
+    ss = {s.time: s for s in stragglers.spreads(run)}
+    d = ss["durable"]
+    assert (d.n, d.p50_s, d.slowest_rank, d.slowest_host) == (8, 1.0, 3, "host1")
+    assert d.slowest_over_p50 == pytest.approx(4.2) and d.max_over_p50 == pytest.approx(4.4)
+    assert d.named and not ss["stall"].named and not ss["restore"].named
+    assert stragglers.stragglers(list(ss.values())) == [
+        "cpu-single, w, 4 ranks shared: rank 3 on host1 is the straggler, its durable 4.20x "
+        "the p50 (1.000 s)"
+    ]
+    even = {0: [1.0, 1.2], 1: [1.1, 1.0], 2: [1.3, 1.0], 3: [1.2, 1.4]}
+    run = SimpleNamespace(ranked=_rank_rows(even, host_of))
+    assert not any(s.named for s in stragglers.spreads(run))
+
+
+def _host_env(gpu: str | None, disk: str) -> dict[str, Any]:
+    return {
+        "env": {"gpu": {"name": gpu}, "kernel": "6.1", "cpu": {"model": "x"}},
+        "storage": {"targets": [{"fstype": "ext4", "block": {"disk": disk}}]},
+    }
+
+
+def test_compare_refuses_runs_whose_hosts_differ() -> None:
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from analysis import compare
+
+    def run(*nodes: dict[str, Any], device: str = "cpu") -> Any:
+        table = [{"node_rank": n, "device": device} for n in range(len(nodes))]
+        env = {
+            "device": {"kind": "host-emulated"},
+            "ranks": {"nodes": {str(n): b for n, b in enumerate(nodes)}, "table": table},
+        }
+        return SimpleNamespace(
+            env=env, rows=pd.DataFrame({"device": ["host-emulated"]}), emulated=True,
+            gds_modes=dict,
+        )  # fmt: skip
+
+    a = run(_host_env(None, "loop0"), _host_env(None, "loop1"))
+    same = run(_host_env(None, "loop2"), _host_env(None, "loop3"))
+    assert compare.essential_differences(a, same) == []
+    b = run(_host_env(None, "loop0"), _host_env("H100", "nvme0n1"), device="cuda:0")
+    assert compare.essential_differences(a, b) == [
+        "host 0's device differs: A cpu, B cuda",
+        "host 1's GPU differs: A None, B H100",
+        "host 1's device differs: A cpu, B cuda",
+    ]
+    one = run(_host_env(None, "loop0"))
+    assert compare.essential_differences(a, one) == ["hosts differ: A ran on 2 host(s), B on 1"]
