@@ -211,6 +211,56 @@ def test_bad_options_are_one_line() -> None:
     )
 
 
+@_marks
+def test_two_hosts_each_with_its_disk_and_ceilings_name_the_capped_one(root: Path) -> None:
+    """2 hosts x 1 rank, 8 MiB: every row verified, each host's own loop device, environment
+    and ceilings in env.json, each rank judged against its own host's ceilings, host 1's
+    target capped at 8 MiB/s named the straggler; nothing left after."""
+    from analysis import runs, stragglers
+
+    tag = _tag()
+    cfg = _config(
+        root,
+        repetitions=2,
+        ceilings={
+            "tool": "builtin", "min_bytes": "4MiB", "max_bytes": "8MiB", "max_seconds": 1,
+            "repetitions": 1, "direct_search": [[1, 8]], "buffered_jobs": [1], "reads": False,
+            "after": False, "probes": False,
+        },
+    )  # fmt: skip
+    out = root / "out"
+    p = _run(
+        _script(tag, "--nproc-per-host", "1", "--disk", "96MiB")
+        + ["--host-set", "1:max_write_bw=8MiB/s", "--", "run", cfg, "-o", str(out), "-q"]
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.splitlines()[-1] == "hosts: exit 0 (host0 0, host1 0)"
+    run_dir, df = _rows(out)
+    per = df[~df["aggregate"]]
+    assert (
+        sorted(zip(per["rank"], per["node"], strict=True))
+        == [(0, "host0")] * 2 + [(1, "host1")] * 2
+    )
+    assert df["verified"].all() and (df["error"] == "").all()
+    assert set(df.loc[df["aggregate"], "total_bytes"]) == {8 * MiB}
+    r = json.loads((run_dir / "env.json").read_text())["ranks"]
+    nodes = r["nodes"]
+    disks = [nodes[n]["storage"]["targets"][0]["block"]["disk"] for n in ("0", "1")]
+    assert disks[0] != disks[1] and all(d.startswith("loop") for d in disks)
+    assert [nodes[n]["env"]["host"] for n in ("0", "1")] == ["host0", "host1"]
+    assert [nodes[n]["cache_drop"] for n in ("0", "1")] == [None, None]  # each host dropped
+    direct = [nodes[n]["ceilings"]["per_ssd_count"]["1"]["direct_write_Bps"] for n in ("0", "1")]
+    assert direct[1] < 8 * MiB * 1.5 < direct[0]  # host 1 measured its own, capped disk (a burst)
+    # each rank judged against its own host's ceilings: host 1's rank near its capped ceiling
+    # (against host 0's it would be below 8 MiB/s / (1.5 x 8 MiB/s))
+    host1 = per[per["node"] == "host1"]
+    assert host1["write_efficiency"].between(0.7, 1.5).all(), host1["write_efficiency"]
+    spread = {s.time: s for s in stragglers.spreads(runs.load(str(run_dir)))}
+    d = spread["durable"]
+    assert (d.slowest_rank, d.slowest_host, d.named) == (1, "host1", True)
+    _nothing_left(tag)
+
+
 def _rows(out: Path) -> Any:
     (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
     return run_dir, results.read_rows(str(run_dir))
