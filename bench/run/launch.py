@@ -99,6 +99,12 @@ def cli_run(args: argparse.Namespace) -> int | None:
     if cfg.mlperf is not None:  # this host's share of MLPerf's ranks, before they start
         from bench.run.mlperf import host_check
 
+        if cfg.mlperf.hosts > 1:
+            raise UserError(
+                f"mlperf.hosts: {cfg.mlperf.hosts} hosts: start one torchrun agent on each host "
+                "(docs/multi-rank.md; two hosts on one machine: scripts/hosts.py); "
+                "`ckptbench run` starts the ranks of one host"
+            )
         host_check(cfg)
     if getattr(args, "preflight", False):
         # each rank judges its own shard before its first case; a table of them all would need

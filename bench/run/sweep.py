@@ -126,8 +126,10 @@ class Sweep:
         """The notes on how the run's machine may colour its numbers, and env.json's
         `preflight`, `mlperf` and `tuned` blocks."""
         cfg, w, core = self.cfg, self.world, self.core
-        if self.ranked and w.size != self.spec.nproc:
-            core.note(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
+        nodes = len({t["node_rank"] for t in the_plan.table}) or 1
+        if self.ranked and w.size != self.spec.nproc * nodes:
+            per = f" on each of {nodes} nodes" if nodes > 1 else ""
+            core.note(f"ranks.nproc is {self.spec.nproc}{per}, torchrun started {w.size} ranks")
         if w.rank != 0:
             return
         envb = core.env
@@ -240,9 +242,11 @@ class Sweep:
         if cfg.mlperf is not None:  # how it was scaled, said before the first checkpoint
             mb = core.env.get("mlperf", {}) if w.rank == 0 else {}
             if mb:
+                hosts = f" on {mb['hosts']} hosts" if mb.get("hosts", 1) > 1 else ""
                 core.log(
                     f"mlperf: {mb['preset']}, ranks {mb['host_ranks'][0]}-{mb['host_ranks'][-1]} "
-                    f"of {mb['world']} ({mb['mode']} mode), every rank's bytes x {mb['scale']:g}: "
+                    f"of {mb['world']}{hosts} ({mb['mode']} mode), every rank's bytes x "
+                    f"{mb['scale']:g}: "
                     f"{sizes.format_size(mb['host_bytes_run'])} a checkpoint instead of "
                     f"{sizes.format_size(mb['host_bytes_full'])}"
                 )
