@@ -327,7 +327,7 @@ def outcome(hosts: list[Host], timeout_s: float) -> tuple[int, str]:
     codes = [_read_rc(h) for h in hosts]
     agents = [h.proc.returncode if h.proc is not None else None for h in hosts]
     said = ", ".join(
-        f"{h.name} {c if c is not None else f'agent {a}'}"
+        f"{h.name} {c if c is not None else _agent_end(a)}"
         for h, c, a in zip(hosts, codes, agents, strict=True)
     )
     if all(c == 2 for c in codes):
@@ -343,6 +343,15 @@ def outcome(hosts: list[Host], timeout_s: float) -> tuple[int, str]:
         return 2, f"refused on every host (exit 2: {said}): {why}"
     rc = codes[0] if codes[0] is not None else (1 if any(agents) else 0)
     return rc, f"exit {rc} ({said})"
+
+
+def _agent_end(code: int | None) -> str:
+    """How an agent ended whose first rank left no exit code: killed by a signal (its host went
+    down), or its own exit code."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"agent killed by {signal.Signals(-code).name}"
+    return f"agent {code}"
 
 
 class _Stop(Exception):

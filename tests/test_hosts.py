@@ -34,6 +34,7 @@ from bench.measure import results  # noqa: E402
 
 JOB_TIMEOUT_S = 300  # the hard guard around every invocation: catches hangs, not slowness
 MiB = 2**20
+GiB = 2**30
 # The script's tests: root, and slow (each starts torch on two "hosts").
 namespaces = [
     pytest.mark.root,
@@ -258,6 +259,111 @@ def test_two_hosts_each_with_its_disk_and_ceilings_name_the_capped_one(root: Pat
     spread = {s.time: s for s in stragglers.spreads(runs.load(str(run_dir)))}
     d = spread["durable"]
     assert (d.slowest_rank, d.slowest_host, d.named) == (1, "host1", True)
+    _nothing_left(tag)
+
+
+@_marks
+def test_mlperf_across_two_hosts_lays_out_and_measures_as_the_rules_do(root: Path) -> None:
+    """MLPerf's multi-host mode, 2 hosts x 1 rank of llama3-8b at 1/5000 (2.7 MiB a rank),
+    3 checkpoints: host h runs rank h, each rank its own shard on its own host's disk; the
+    metrics span both hosts (every rank's bytes over the slowest rank of either), and the
+    report's section has each host's share."""
+    from analysis import mlperf as metric
+    from analysis import runs
+    from analysis.report.doc import Doc
+    from analysis.report.mlperf import mlperf_section
+    from bench.workloads import mlperf as mp
+
+    tag = _tag()
+    cfg = _config(
+        root,
+        name="mlperf-hosts",
+        total_sizes=[],
+        tensor_sizes=[],
+        repetitions=3,
+        warmups=0,
+        mlperf={"preset": "llama3-8b", "scale": 0.0002, "host_procs": 1, "hosts": 2},
+        ranks={"nproc": 1, "shard": "per_rank", "timeout_s": 60},
+    )
+    out = root / "out"
+    p = _run(
+        _script(tag, "--nproc-per-host", "1", "--disk", "96MiB")
+        + ["--", "run", cfg, "-o", str(out), "-q"]
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir, df = _rows(out)
+    per = df[~df["aggregate"]]
+    assert per["verified"].all() and (per["error"] == "").all()
+    want = {r: mp.shard_at("llama3-8b", r, 0.0002).nbytes for r in (0, 1)}
+    got = {
+        (int(r), n): int(b)
+        for (r, n), b in per.groupby(["rank", "node"])["total_bytes"].first().items()
+    }
+    assert got == {(0, "host0"): want[0], (1, "host1"): want[1]}
+    env = json.loads((run_dir / "env.json").read_text())
+    m = env["mlperf"]
+    assert (m["hosts"], m["host_procs"], m["host_ranks"], m["mode"]) == (2, 1, [0, 1], "subset")
+    assert {h: b["ranks"] for h, b in m["by_host"].items()} == {"0": [0], "1": [1]}
+    assert m["host_bytes_run"] == sum(want.values()) and metric.order_ok(env, "cpu-single")
+    disks = [env["ranks"]["nodes"][n]["storage"]["targets"][0]["block"]["disk"] for n in "01"]
+    assert disks[0] != disks[1]  # each rank wrote its own host's disk
+    # the rules' figures over both hosts: every rank's bytes, the slowest rank of either host
+    t = metric.table(df).set_index("engine")
+    by = per.groupby("rep")
+    rules = (by["total_bytes"].sum() / GiB / by["total_s"].max()).mean()
+    assert t.loc["cpu-single", "write_GiBps"] == pytest.approx(rules)
+    h = metric.hosts(df)
+    assert list(h["host"]) == ["host0", "host1"] and list(h["ranks"]) == ["0-0", "1-1"]
+    assert h["sets_write"].sum() >= 3  # every checkpoint's duration is some host's
+    d = Doc()
+    mlperf_section(d, runs.load(str(run_dir)))
+    text = d.markdown()
+    assert "These 2 hosts ran MLPerf's subset mode: ranks 0-1" in text
+    assert "host 0: ranks 0-0; host 1: ranks 1-1" in text
+    assert "| host1 | 1-1 |" in text
+    _nothing_left(tag)
+
+
+@_marks
+def test_a_host_killed_mid_save_is_named_and_costs_the_other_nothing(root: Path) -> None:
+    """Host 1 goes down (its agent and its rank SIGKILLed) during its second save of 3: the
+    job ends (exit 1) naming host1, rank 0 keeps every row (the first repetition's whole, the
+    second's its own, its save measured), and host 0's committed checkpoint of that repetition
+    still loads and matches its state (restored after the loss); nothing left."""
+    from bench.run import distributed
+
+    tag = _tag()
+    cfg = _config(root, repetitions=3, ranks={"nproc": 1, "timeout_s": 30})
+    out = root / "out"
+    p = subprocess.run(
+        _script(tag, "--nproc-per-host", "1", "--disk", "96MiB")
+        + ["--", "run", cfg, "-o", str(out), "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+        env={**os.environ, distributed.FAULT_ENV: "host@1:1"},
+    )
+    assert p.returncode == 1, p.stderr[-3000:]
+    case = "synthetic-8MiB-1MiB-x1-cpu-single-shared-2r"
+    lost = (
+        f"rank 1 on host1 lost before the restore of {case} rep 1 (killed, crashed, or not "
+        "there within the timeout)"
+    )
+    assert f"[host0] [rank 0] error: {lost}." in p.stderr
+    assert p.stderr.splitlines()[-1] == "hosts: exit 1 (host0 1, host1 agent killed by SIGKILL)"
+    _, df = _rows(out)
+    assert set(df["case_id"]) == {case}
+    r0 = df[df["rep"] == 0]
+    assert sorted(r0["rank"]) == [-1, 0, 1] and r0["verified"].all() and (r0["error"] == "").all()
+    r1 = df[df["rep"] == 1].set_index("rank")
+    assert sorted(r1.index) == [-1, 0]  # host 1 never answered
+    assert r1.loc[0, "error"] == lost and r1.loc[-1, "error"] == lost
+    # host 0's shard was durable before the loss, and still loaded bit for bit after it
+    assert r1.loc[0, "total_s"] > 0 and r1.loc[0, "restore_s"] > 0
+    assert bool(r1.loc[0, "verified"]) and r1.loc[0, "restore_into"] in ("restart", "fresh")
+    assert r1.loc[0, "device_read_bytes"] > 0
+    assert not (df["rep"] == 2).any()
     _nothing_left(tag)
 
 

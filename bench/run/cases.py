@@ -191,10 +191,12 @@ class CaseRunner:
         try:
             got = r.run(where)
         except dist.RankLost as lost:
+            lost = lost.on_hosts(self.plan.table)
+            r.restore_after_loss()
             r.delete()
             if self.world.rank == 0:
                 dist.write_lost(self.ctx, r.row, lost, g, wl, engine, key)
-            raise
+            raise lost from None
         except KeyboardInterrupt:
             r.delete()  # the case in flight leaves nothing behind
             raise
@@ -405,6 +407,15 @@ class Repetition:
             self.cases.restore(
                 self.row, self.eng, self.engine, self.state, self.name, self.base, self.g
             )
+
+    def restore_after_loss(self) -> None:
+        """Another rank was lost after this rank's save was durable: restore and compare this
+        rank's committed shard all the same (a lost rank, or host, costs no other rank its
+        checkpoint; rank 0's row says so), unless it was restored already."""
+        row = self.row
+        if row is not None and not row.error and row.total_s is not None:
+            if row.restore_into is None:
+                self.restore()
 
     def gather(self, where: str) -> list[results.Row]:
         """Every active rank's row, in rank order."""

@@ -24,8 +24,10 @@ from bench.run.plan import Group, RunPlan, Workload
 if TYPE_CHECKING:
     from bench.common.devices import Device
 
-# Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises) or `kill`
-# (the rank SIGKILLs itself while its save persists), SAVE counting this job's saves from 0.
+# Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises), `kill`
+# (the rank SIGKILLs itself while its save persists) or `host` (its host goes down then: its
+# torchrun agent, every other rank of the agent and itself SIGKILLed), SAVE counting this job's
+# saves from 0.
 FAULT_ENV = "CKPTBENCH_INJECT_FAULT"
 
 
@@ -367,9 +369,11 @@ def faults() -> dict[tuple[int, int], str]:
     text = os.environ.get(FAULT_ENV, "").strip()
     out = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
-        m = re.fullmatch(r"(error|kill)@(\d+):(\d+)", item)
+        m = re.fullmatch(r"(error|kill|host)@(\d+):(\d+)", item)
         if not m:
-            raise UserError(f"${FAULT_ENV}: {item!r} is not KIND@RANK:SAVE (KIND error or kill)")
+            raise UserError(
+                f"${FAULT_ENV}: {item!r} is not KIND@RANK:SAVE (KIND error, kill or host)"
+            )
         out[(int(m.group(2)), int(m.group(3)))] = m.group(1)
     return out
 
@@ -382,4 +386,33 @@ def inject(kind: str, rank: int, save: int) -> Callable[[], None]:
     def kill() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    return kill
+    def host_down() -> None:
+        # the agent first (it must not outlive its ranks to report them), its other ranks
+        # found before it dies (they are its children until then), this rank last
+        agent = os.getppid()
+        peers = [p for p in _children(agent) if p != os.getpid()]
+        for pid in [agent, *peers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return host_down if kind == "host" else kill
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                # the fields after the command's closing parenthesis: state, ppid, ...
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(d))
+    return out

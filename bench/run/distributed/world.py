@@ -29,10 +29,18 @@ class RankLost(Exception):
     """A rank did not reach a synchronisation point: killed, crashed, hung, or torchrun is
     stopping the job. `ranks` names the lost ranks where rank 0's monitored barrier knows them."""
 
-    def __init__(self, where: str, ranks: list[int], detail: str) -> None:
+    def __init__(
+        self, where: str, ranks: list[int], detail: str, hosts: dict[int, str] | None = None
+    ) -> None:
         self.where, self.ranks, self.detail = where, ranks, detail
+        self.hosts = hosts or {}  # rank -> host, where the job spans hosts
         if ranks:
-            who = ", ".join(str(r) for r in ranks)
+            on: dict[str, list[int]] = {}
+            for r in ranks:
+                on.setdefault(self.hosts.get(r, ""), []).append(r)
+            who = "; ".join(
+                ", ".join(str(r) for r in rs) + (f" on {h}" if h else "") for h, rs in on.items()
+            )
             msg = (
                 f"rank{'s' if len(ranks) > 1 else ''} {who} lost before {where} "
                 "(killed, crashed, or not there within the timeout)"
@@ -40,6 +48,14 @@ class RankLost(Exception):
         else:
             msg = f"lost contact before {where}: {detail}"
         super().__init__(msg)
+
+    def on_hosts(self, table: list[dict[str, Any]]) -> RankLost:
+        """The same loss, its ranks' hosts named, when the job's ranks (`table`, the ranks'
+        table) span more than one host."""
+        hosts = {t["rank"]: str(t["host"]) for t in table}
+        if len(set(hosts.values())) < 2 or not self.ranks:
+            return self
+        return RankLost(self.where, self.ranks, self.detail, hosts)
 
 
 def _lost_ranks(text: str) -> list[int]:
