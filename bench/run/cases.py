@@ -271,6 +271,7 @@ class CaseRunner:
         def event(what: str, i: int | None = None) -> None:
             events.append({"event": what, "checkpoint": i, "t_ns": measure.now_ns()})
 
+        recorded = 0
         try:
             for i, r in enumerate(reps):
                 w.barrier(f"the write of {keys[i][0]} checkpoint {i}")
@@ -285,6 +286,21 @@ class CaseRunner:
                 event("read", i)
                 r.restore()
                 r.record(r.gather(f"the rows of {keys[i][0]} {i}"), f"checkpoint {i}")
+                recorded += 1
+        except dist.RankLost as lost:
+            # the checkpoints not yet recorded: each rank's committed ones restored all the
+            # same, rank 0's rows of them kept (its own, and an aggregate naming the loss)
+            lost = lost.on_hosts(self.plan.table)
+            todo = [r for r in reps[recorded:] if r.row is not None and r.row.total_s is not None]
+            for r in todo:
+                r.restore_after_loss()
+            if w.rank == 0:
+                for r in todo or reps[recorded : recorded + 1]:
+                    dist.write_lost(self.ctx, r.row, lost, g, wl, engine, r.key, close=False)
+                core.env.setdefault("mlperf", {}).setdefault("order", {})[engine] = events
+                core.write_env()
+                core.close()
+            raise lost from None
         finally:
             for r in reps:
                 r.delete()

@@ -325,9 +325,11 @@ def write_lost(
     wl: Workload,
     engine: str,
     key: tuple[str, bool, int],
+    close: bool = True,
 ) -> None:
     """Rank 0: the rows of a repetition a rank was lost in (its own and the aggregate), at
-    once and durably, before torchrun ends the job."""
+    once and durably, before torchrun ends the job (the writers closed after, unless `close`
+    is False: more such rows to come)."""
     why = str(lost)
     case_id, warm, rep = key
     out = []
@@ -361,7 +363,8 @@ def write_lost(
     )
     out.append(agg)
     ctx.core.write(out)
-    ctx.core.close()
+    if close:
+        ctx.core.close()
 
 
 def faults() -> dict[tuple[int, int], str]:
