@@ -287,6 +287,20 @@ TERMS: dict[str, Term] = {
         "conclusive, a 'yes' only necessary.",
         ("durable_witness",),
     ),
+    # stragglers, a row per case, engine and time (analysis.stragglers)
+    "time": Term(
+        "Which time of every rank's rows: stall (save() returns), durable (save() until "
+        "durable) or restore.",
+        ("stall_s", "total_s", "restore_s"),
+    ),
+    "p50 s": Term("The median of that time over ranks x timed repetitions."),
+    "p99 s": Term("Its 99th percentile over ranks x timed repetitions."),
+    "max/p50": Term("The largest of them over the p50."),
+    "slowest": Term(
+        "The rank whose median is largest, its host, and that median over the p50; a "
+        "straggler above 1.5x.",
+        ("rank", "node"),
+    ),
     # MLPerf across hosts, a row per engine and host
     "host": Term("The host (its name), node rank order.", ("node", "node_rank")),
     "its ranks": Term(
