@@ -22,7 +22,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 endif
 
-.PHONY: bench test lint format columns engines gpu-wheels gpu-check gpu-rehearsal clean-scratch help
+.PHONY: hosts bench test lint format columns engines gpu-wheels gpu-check gpu-rehearsal clean-scratch help
 
 help:
 	@echo "make bench    run $(CONFIG) (ARGS='--set repetitions=5' to override)"
@@ -42,6 +42,7 @@ help:
 	@echo "make gpu-rehearsal   the GPU check here, offline, from its wheels and the image's base"
 	@echo "make tune     each engine's best knobs for CONFIG's targets in BUDGET (results/tuned.yaml)"
 	@echo "make tune-check   the tuned knobs against an exhaustive sweep of the same grid (slow)"
+	@echo "make hosts    2 hosts x 2 ranks on this machine (root: namespaces, loop disks), with its report"
 	@echo "make mutate   mutation testing of the crash-safety core (cosmic-ray; not in CI)"
 
 # Without a GPU the real kvikio package is installed too, without its CUDA dependencies
@@ -189,3 +190,11 @@ ceiling: $(BIN)/.installed
 mutate: $(BIN)/.installed
 	$(BIN)/pip install -q -e '.[$(EXTRAS),mutate]'
 	$(BIN)/python scripts/mutate.py $(ARGS)
+
+# Two hosts on this machine (scripts/hosts.py; root): network, UTS and mount namespaces, a veth
+# pair, a loop disk each, one torchrun agent per host over a c10d rendezvous; torn down after.
+# HOSTS_ARGS='--host-set 1:max_write_bw=25MiB/s' caps host 1's target (the straggler named).
+HOSTS_CONFIG ?= configs/hosts.yaml
+HOSTS_ARGS   ?=
+hosts: $(BIN)/.installed
+	$(BIN)/python scripts/hosts.py --nproc-per-host 2 $(HOSTS_ARGS) -- run $(HOSTS_CONFIG) -o results --report $(ARGS)

@@ -6,7 +6,8 @@ significant" unless the interval excludes 1 and p < 0.05, i.e. when the differen
 
 Runs whose essential environment differs are refused (unless forced, and then the report says so
 loudly): a different device kind, host-emulated against real, or an engine that ran in another
-mode (gds against compat or emulated). Other differences (host, kernel, packages, storage, engine
+mode (gds against compat or emulated); across hosts, another number of hosts, or a host whose
+GPU or ranks' device kind differs from the same host's in the other run. Other differences (host, kernel, packages, storage, engine
 options, whose clock timed the stalls) are listed as warnings; different storage is what a device
 comparison is for. Runs whose stalls the engines timed themselves (before ckptbench 0.2.0) are
 named in one note.
@@ -66,6 +67,56 @@ def essential_differences(a: Run, b: Run, la: str = "A", lb: str = "B") -> list[
     for e in runs.order_engines(set(ma) & set(mb)):
         if ma[e] != mb[e]:
             out.append(f"engine {e} ran in another mode: {la} {ma[e]}, {lb} {mb[e]}")
+    ha, hb = _hosts(a), _hosts(b)
+    if (len(ha) > 1 or len(hb) > 1) and len(ha) != len(hb):
+        na, nb = max(1, len(ha)), max(1, len(hb))
+        out.append(f"hosts differ: {la} ran on {na} host(s), {lb} on {nb}")
+    elif len(ha) > 1:
+        for n, (x, y) in enumerate(zip(ha, hb, strict=True)):
+            for what, key in HOST_ESSENTIAL.items():
+                if _at(x, key) != _at(y, key):
+                    out.append(f"host {n}'s {what} differs: {la} {_at(x, key)}, {lb} {_at(y, key)}")
+    return out
+
+
+# What a host of a run across hosts must share with the same host of another run (env.json
+# ranks.nodes[N]): the GPU its ranks ran on, and the kind of device of its ranks.
+HOST_ESSENTIAL = {"GPU": "env.gpu.name", "device": "device"}
+# What is said of a host that differs, without refusing.
+HOST_OTHER = {
+    "CPU": "env.cpu.model",
+    "kernel": "env.kernel",
+    "memory": "env.memory_bytes",
+    "storage": "disks",
+}
+
+
+def _at(d: Mapping[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, Mapping) else None  # type: ignore[assignment]
+    return d
+
+
+def _hosts(run: Run) -> list[dict[str, Any]]:
+    """Each host of a run across hosts, in node order (env.json ranks.nodes), with the device
+    kind of its ranks and its targets' disks; [] for a run on one host."""
+    r = run.env.get("ranks", {})
+    nodes = r.get("nodes", {})
+    if len(nodes) < 2:
+        return []
+    out = []
+    for n in sorted(nodes, key=int):
+        b = nodes[n]
+        kinds = {
+            str(t.get("device", "")).split(":")[0]
+            for t in r.get("table", [])
+            if str(t.get("node_rank")) == n
+        }
+        disks = [
+            f"{t.get('fstype', '?')} on {t.get('block', {}).get('disk') or t.get('source', '?')}"
+            for t in b.get("storage", {}).get("targets", [])
+        ]
+        out.append({**b, "device": "/".join(sorted(kinds)), "disks": ", ".join(disks)})
     return out
 
 
@@ -126,6 +177,11 @@ def other_differences(a: Run, b: Run, la: str = "A", lb: str = "B") -> list[str]
             f"stall, which could read short), {new} was timed by the harness around save(): "
             "a stall ratio between them mixes the two clocks"
         )
+    ha, hb = _hosts(a), _hosts(b)
+    if len(ha) > 1 and len(ha) == len(hb):
+        for n, (x, y) in enumerate(zip(ha, hb, strict=True)):
+            for what, key in HOST_OTHER.items():
+                diff(f"host {n}'s {what}", _at(x, key), _at(y, key))
     if a.shared_device or b.shared_device:
         out.append("a run's targets share one device: its SSD-count scaling is not real scaling")
     return out

@@ -19,8 +19,13 @@ from bench.common.errors import UserError
 from bench.common.traits import Traits
 from bench.measure import results
 from bench.measure.clock import STALL_CLOCK
-from bench.measure.efficiency import best_ceilings as ceilings
-from bench.measure.efficiency import efficiency, engine_traits, restore_efficiency
+from bench.measure.efficiency import best_ceilings as ceilings  # noqa: F401 (the run's)
+from bench.measure.efficiency import (
+    efficiency_by,
+    engine_traits,
+    judges,
+    restore_efficiency_by,
+)
 
 # The order engines are listed in (the paper's paths, then the baselines); others follow.
 ENGINE_ORDER = ["gds", "cpu-single", "cpu-double", "torch-save", "dcp"]
@@ -55,16 +60,18 @@ def clock_note(env: dict[str, Any], who: str = "This run", plural: bool = False)
 
 def add_efficiencies(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
     """`write_eff`, `snapshot_eff` and `restore_eff` of every row (bench.measure.efficiency, the
-    one definition), against the run's best ceilings; NaN where the run has none."""
-    c = ceilings(env)
+    one definition), against the run's best ceilings (across hosts: a rank's row against its
+    host's, an aggregate row against every host's); NaN where the run has none."""
     w, s, rs = [], [], []
     for r in df.to_dict("records"):
         t = engine_traits(env, r["engine"])
         row = cast(dict[str, Any], r)  # a results row, its columns str (Hashable to pandas-stubs)
-        a, b = efficiency(row, c, t) if (c is not None and t) else (None, None)
+        node = row.get("node_rank")
+        c = judges(env, int(node) if node == node and node is not None else 0)
+        a, b = efficiency_by(row, c, t) if (c and t) else (None, None)
         if row.get("restore_s") != row.get("restore_s"):  # NaN: no restore
             row = {**row, "restore_s": None}
-        x = restore_efficiency(row, c, t) if (c is not None and t) else None
+        x = restore_efficiency_by(row, c, t) if (c and t) else None
         w.append(np.nan if a is None else a)
         s.append(np.nan if b is None else b)
         rs.append(np.nan if x is None else x)

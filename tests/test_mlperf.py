@@ -116,6 +116,14 @@ def test_the_mlperf_config_runs_the_largest_preset_as_mlperf_does() -> None:
         ({"warmups": 1}, "warmups: MLPerf times every checkpoint"),
         ({"mlperf": {"preset": "llama3-3b"}}, "mlperf.preset: unknown 'llama3-3b'"),
         ({"total_sizes": ["1MiB"], "tensor_sizes": ["1MiB"]}, "mlperf: the run's state"),
+        (
+            {"mlperf": {"preset": "llama3-8b", "hosts": 3, "host_procs": 4}},
+            "mlperf.hosts: 3 hosts of 4 GPUs (host_procs) are 12 ranks, llama3-8b's layout has 8",
+        ),
+        (
+            {"mlperf": {"preset": "llama3-8b", "hosts": 2, "host_procs": 4}},
+            "ranks.nproc: llama3-8b runs 4 ranks on each of its 2 hosts (mlperf.host_procs), got 8",
+        ),
     ],
 )
 def test_mlperf_config_errors_name_their_key(change: dict[str, Any], says: str) -> None:
@@ -143,6 +151,88 @@ def test_a_host_share_that_does_not_fit_is_refused_with_the_scale_that_would() -
     host_check(
         config.load(str(REPO / "configs" / "mlperf.yaml"), [f"mlperf.scale={scale}"]), 16 * GiB
     )
+
+
+def test_ranks_across_hosts_are_laid_out_as_mpirun_and_dlio_lay_them_out() -> None:
+    """Host h runs ranks h x host_procs onwards (mpirun by slot, DLIO's node offsets); the
+    whole layout is MLPerf's default mode, fewer ranks its subset mode."""
+    m = mp.MODELS["llama3-70b"]
+    assert [mp.host_ranks(m, 8, h) for h in range(3)] == [
+        list(range(0, 8)),
+        list(range(8, 16)),
+        list(range(16, 24)),
+    ]
+    assert mp.job_ranks(m, 8, 3) == list(range(24)) and mp.mode(m, 24) == "subset"
+    e = mp.MODELS["llama3-8b"]
+    assert mp.job_ranks(e, 4, 2) == list(range(8)) and mp.mode(e, 8) == "default"
+    assert mp.host_bytes(e, 4, 0) + mp.host_bytes(e, 4, 1) == mp.total_bytes(e)
+    # one host: the first host_procs of the layout, or all of it (as before)
+    assert mp.host_ranks(e, 16) == mp.job_ranks(e, 16) == list(range(8))
+
+
+def _two_hosts(scale: float = 1.0) -> config.Config:
+    return config.from_dict(
+        {
+            "engines": ["dlio-style"],
+            "mlperf": {"preset": "llama3-8b", "scale": scale, "hosts": 2, "host_procs": 4},
+            "ranks": {"nproc": 4, "shard": "per_rank"},
+            "warmups": 0,
+            "repetitions": 10,
+        }
+    )
+
+
+def test_a_job_that_is_not_the_configs_hosts_is_refused_with_the_torchrun_options() -> None:
+    from bench.run.mlperf import check_job
+
+    cfg = _two_hosts()
+    check_job(cfg, [{"rank": r, "node_rank": r // 4} for r in range(8)])
+    with pytest.raises(UserError) as e:
+        check_job(cfg, [{"rank": r, "node_rank": 0} for r in range(4)])
+    assert str(e.value) == (
+        "mlperf.hosts: llama3-8b runs on 2 host(s) of 4 ranks, this job has 4 rank(s) on 1 "
+        "host(s) (4 a host); start one torchrun agent a host with --nnodes 2 --nproc-per-node 4"
+    )
+
+
+def test_a_host_without_room_for_its_share_is_named() -> None:
+    """Host 1's share at full size: its 4 ranks' 10 checkpoints (524 GiB) on its first target."""
+    cfg = _two_hosts()
+    from bench.run.mlperf import _free
+
+    free = _free(cfg.resolved_targets()[0]) or 0
+    share = mp.host_bytes(mp.MODELS["llama3-8b"], 4, 1)
+    if free > share * 11:
+        pytest.skip("this disk holds host 1's 10 checkpoints of llama3-8b at full size")
+    with pytest.raises(UserError) as e:
+        host_check(cfg, host_avail=1 << 50, host=1)
+    msg = str(e.value)
+    assert msg.startswith(
+        "mlperf: llama3-8b at scale 1: 10 checkpoints of 52.4GiB (the share of host 1 of 2) "
+        "need 549.7GiB on "
+    ), msg
+    assert "; way out: --set mlperf.scale=" in msg and "\n" not in msg
+    # its memory: a rank of host 1 named, against that host's share
+    with pytest.raises(UserError) as e:
+        host_check(cfg, host_avail=16 * GiB, host=1)
+    assert str(e.value).startswith(
+        "mlperf: llama3-8b at scale 1 does not fit host 1 of 2: rank 4 of 8 holds 13.1GiB"
+    )
+
+
+def test_the_cli_refuses_more_than_one_host_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import cli
+
+    assert cli.main(["run", str(REPO / "configs" / "mlperf-hosts.yaml")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip().splitlines() == [
+        "ckptbench: error: mlperf.hosts: 2 hosts: start one torchrun agent on each host "
+        "(docs/multi-rank.md; two hosts on one machine: scripts/hosts.py); `ckptbench run` "
+        "starts the ranks of one host"
+    ]
 
 
 def test_the_cli_refuses_the_full_size_in_one_line_exit_2() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import contention, cost, mlperf, runs, scaling, stats, training
+from analysis import contention, cost, mlperf, runs, scaling, stats, stragglers, training
 from analysis.figures.bandwidth import bandwidth_vs_tensor_size
 from analysis.figures.common import save
 from analysis.figures.contention import contention as contention_figure
@@ -51,6 +51,7 @@ from analysis.report.model import (
 )
 from analysis.report.restore import restore_columns, restore_section
 from analysis.report.scaling import scaling_section
+from analysis.report.stragglers import stragglers_section
 from analysis.report.summary import summary_columns, summary_section
 from analysis.report.training import training_section
 from analysis.report.tuning import present as tuning_present
@@ -181,6 +182,8 @@ def document(
     host_section(d, run, profiles)
     if contention.present(run):
         contention_section(d, run, this)
+    if stragglers.present(run):
+        stragglers_section(d, run)
     if scaling.present(run):
         scaling_section(d, run)
     if mlperf.present(run):

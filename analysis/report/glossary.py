@@ -261,9 +261,10 @@ TERMS: dict[str, Term] = {
     # MLPerf
     "ckpts": Term("Checkpoints the engine wrote (MLPerf) or saved in the loop (training)."),
     "write GiB/s (slowest rank, durable)": Term(
-        "The host's bytes of a checkpoint / 1024^3 / its duration as MLPerf's rules define it "
-        "(the maximum over the ranks), the mean over the checkpoints, as DLIO computes it (it "
-        "prints GB); a write whose device said no is left out."
+        "Every rank's bytes of a checkpoint, on every host / 1024^3 / its duration as MLPerf's "
+        "rules define it (the maximum over the ranks of every host), the mean over the "
+        "checkpoints, as DLIO computes it (it prints GB); a write whose device said no is left "
+        "out."
     ),
     "write GiB/s (DLIO: rank 0, durable)": Term(
         "The same bytes over rank 0's own duration, as DLIO v2.0 computes its summary; durable "
@@ -285,6 +286,42 @@ TERMS: dict[str, Term] = {
         "devices, so in one rank's interval the others' writes count too: a 'no' is "
         "conclusive, a 'yes' only necessary.",
         ("durable_witness",),
+    ),
+    # stragglers, a row per case, engine and time (analysis.stragglers)
+    "time": Term(
+        "Which time of every rank's rows: stall (save() returns), durable (save() until "
+        "durable) or restore.",
+        ("stall_s", "total_s", "restore_s"),
+    ),
+    "p50 s": Term("The median of that time over ranks x timed repetitions."),
+    "p99 s": Term("Its 99th percentile over ranks x timed repetitions."),
+    "max/p50": Term("The largest of them over the p50."),
+    "slowest": Term(
+        "The rank whose median is largest, its host, and that median over the p50; a "
+        "straggler above 1.5x.",
+        ("rank", "node"),
+    ),
+    # MLPerf across hosts, a row per engine and host
+    "host": Term("The host (its name), node rank order.", ("node", "node_rank")),
+    "its ranks": Term(
+        "The host's ranks, first-last (consecutive, as DLIO lays them out).", ("rank",)
+    ),
+    "share GiB": Term("The host's ranks' bytes of a checkpoint / 1024^3.", ("total_bytes",)),
+    "write s (its slowest rank)": Term(
+        "The host's slowest rank's time to durability, the mean over the checkpoints.",
+        ("total_s",),
+    ),
+    "read s (its slowest rank)": Term(
+        "The host's slowest rank's restore, the mean over the checkpoints.", ("restore_s",)
+    ),
+    "its share's write GiB/s": Term(
+        "The host's share over its slowest rank's write, the mean over the checkpoints: what "
+        "the host alone would have reported."
+    ),
+    "its share's read GiB/s": Term("The same for the read."),
+    "sets the job's write duration": Term(
+        "In how many checkpoints the host's slowest rank was the slowest of the job (a tie "
+        "counts for each host): the host that MLPerf's duration waits for."
     ),
     "device: DLIO v2.0 as run": Term(
         "The same at the moment DLIO v2.0 stops its clock (dlio-style's return).",

@@ -4,6 +4,8 @@ durable write in a sentence, how it was scaled, MLPerf's metrics both ways besid
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from analysis import mlperf
@@ -50,19 +52,23 @@ def mlperf_section(d: Doc, run: Run) -> None:
     if not t.empty:
         d.table(*mlperf.rows_of(t))
     ranks = m.get("host_ranks", [])
+    n_hosts = int(m.get("hosts", 1))
+    who = f"These {n_hosts} hosts" if n_hosts > 1 else "This host"
     d.p(
         f"MLPerf Storage v2.0's {m.get('preset', '?')} checkpoint: TP x PP x DP = "
         f"{lay.get('tp')} x {lay.get('pp')} x {lay.get('dp')} ({m.get('world')} ranks), ZeRO "
         f"{lay.get('zero')}; {_gib(m.get('total_bytes', 0))} in all by DLIO's arithmetic (the "
         f"rules publish {m.get('published', '?')}"
         + (f"; {m['published_note']}" if m.get("published_note") else "")
-        + "). This host ran MLPerf's "
+        + f"). {who} ran MLPerf's "
         f"{m.get('mode', '?')} mode: ranks {ranks[0] if ranks else '?'}-"
         f"{ranks[-1] if ranks else '?'} of the layout, {_gib(m.get('host_bytes_full', 0))} a "
         "checkpoint at full size, each rank one file of its fp16 model states and one of its "
         "fp32 optimizer states under dlio-style (its own layout under the other engines). "
         f"Source: {m.get('source', '?')}."
     )
+    if n_hosts > 1:
+        across(d, run, m)
     engines = list(m.get("order", {}))
     good = [e for e in engines if mlperf.order_ok(run.env, e)]
     bad = [e for e in engines if e not in good]
@@ -84,3 +90,27 @@ def mlperf_section(d: Doc, run: Run) -> None:
         + " A write whose device said no is left out of the GiB/s; the Glossary has each "
         "column."
     )
+
+
+def across(d: Doc, run: Run, m: dict[str, Any]) -> None:
+    """Across hosts: how the metrics above span them, and each host's share (analysis.mlperf
+    `hosts`)."""
+    shares = "; ".join(
+        f"host {h}: ranks {b['ranks'][0]}-{b['ranks'][-1]}"
+        for h, b in sorted(m.get("by_host", {}).items(), key=lambda kv: int(kv[0]))
+        if b.get("ranks")
+    )
+    d.p(
+        f"Across {m.get('hosts')} hosts, {m.get('host_procs')} ranks each, laid out as DLIO "
+        f"lays them out ({shares}: consecutive ranks a host, host 0 first, as mpirun places "
+        "them by slot): each checkpoint's bytes are every host's ranks', its duration the "
+        "slowest rank on any host, to durability (the rules' maximum across all GPUs; their "
+        "throughput, the minimum across all GPUs, is the bytes over it); DLIO's own figure "
+        "divides the same bytes by rank 0's duration, on host 0. Each host's share, and how "
+        "often its slowest rank set the job's duration:"
+    )
+    h = mlperf.hosts(run.rows)
+    if h.empty:
+        d.p("No successful checkpoint on more than one host to show.")
+        return
+    d.table(*mlperf.host_rows_of(h))

@@ -102,13 +102,15 @@ class RanksSpec(Strict):
 
 class MlperfSpec(Strict):
     """MLPerf Storage v2.0's checkpoint workload (bench.workloads.mlperf): one of its models, the
-    ranks of one host laid out as its subset mode lays them out, each rank's shard of DLIO's
-    model and optimizer states at `scale` of its bytes; every engine writes `repetitions`
-    checkpoints, the page cache is cleared, then it reads them back (bench.run.cases)."""
+    ranks of one host (its subset mode) or of `hosts` hosts, laid out as DLIO lays them out
+    (host h runs ranks h x host_procs onwards), each rank's shard of DLIO's model and optimizer
+    states at `scale` of its bytes; every engine writes `repetitions` checkpoints, the page
+    cache is cleared, then it reads them back (bench.run.cases)."""
 
     preset: str
     scale: Annotated[float, Field(gt=0, le=1)] = 1.0  # of every rank's bytes (1: as published)
-    host_procs: PosInt = mlperf_mod.HOST_PROCS  # the GPUs (ranks) of this host
+    host_procs: PosInt = mlperf_mod.HOST_PROCS  # the GPUs (ranks) of each host
+    hosts: PosInt = 1  # the hosts of the job, one torchrun agent each (ranks.nproc = host_procs)
 
 
 class Config(Strict):
@@ -229,7 +231,7 @@ def _check(cfg: Config) -> None:
 
 
 def _check_mlperf(cfg: Config) -> None:
-    """An MLPerf run is its workload alone, on the ranks of one host, without warm-ups."""
+    """An MLPerf run is its workload alone, on the ranks of its hosts, without warm-ups."""
     m = cfg.mlperf
     assert m is not None
     model = mlperf_mod.model(m.preset)
@@ -237,14 +239,26 @@ def _check_mlperf(cfg: Config) -> None:
         raise UserError(
             "mlperf: the run's state is the preset's; give no models, total_sizes or tensor_sizes"
         )
+    if m.hosts > 1 and m.hosts * m.host_procs > model.world:
+        raise UserError(
+            f"mlperf.hosts: {m.hosts} hosts of {m.host_procs} GPUs (host_procs) are "
+            f"{m.hosts * m.host_procs} ranks, {m.preset}'s layout has {model.world} (TP x PP x DP "
+            f"{model.tp} x {model.pp} x {model.dp}); give hosts x host_procs <= {model.world}"
+        )
     procs = len(mlperf_mod.host_ranks(model, m.host_procs))
     r = cfg.ranks
     if r is None or r.nproc != procs:
-        raise UserError(
-            f"ranks.nproc: {m.preset} runs {procs} ranks on a host of {m.host_procs} GPUs "
-            f"(MLPerf's subset mode), got {r.nproc if r else 'no ranks section'}"
+        where = (
+            f"on each of its {m.hosts} hosts (mlperf.host_procs)"
+            if m.hosts > 1
+            else f"on a host of {m.host_procs} GPUs (MLPerf's subset mode)"
         )
-    if r.shard != "per_rank" or len(r.mapping) != 1 or (r.active and r.active != [procs]):
+        raise UserError(
+            f"ranks.nproc: {m.preset} runs {procs} ranks {where}, got "
+            f"{r.nproc if r else 'no ranks section'}"
+        )
+    every = len(mlperf_mod.job_ranks(model, m.host_procs, m.hosts))
+    if r.shard != "per_rank" or len(r.mapping) != 1 or (r.active and r.active != [every]):
         raise UserError(
             "ranks: an MLPerf run has every rank save its own shard at once: shard per_rank, "
             "one mapping, active all ranks"

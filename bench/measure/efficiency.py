@@ -65,10 +65,63 @@ def best_ceilings(env: dict[str, Any]) -> Ceilings | None:
     return RunCeilings.from_env(env).best()
 
 
+def host_ceilings(env: dict[str, Any]) -> dict[int, Ceilings]:
+    """Each host's ceilings in a run across hosts (env.json `ranks.nodes[N].ceilings`, measured
+    by the first rank of each host on its own targets; host 0's the best of the run's own, as
+    `best_ceilings`); {} for a run on one host."""
+    nodes = env.get("ranks", {}).get("nodes", {})
+    out = {
+        int(n): Ceilings.from_json(b["ceilings"])
+        for n, b in nodes.items()
+        if isinstance(b, dict) and b.get("ceilings")
+    }
+    if len(nodes) < 2:
+        return {}
+    best = best_ceilings(env)
+    if best is not None and 0 in out:
+        out[0] = best
+    return out
+
+
+def judges(env: dict[str, Any], node_rank: int) -> list[Ceilings]:
+    """The ceilings that judge a row of host `node_rank` (-1: an aggregate row): on one host the
+    run's best; across hosts, a rank's row its own host's, an aggregate row every host's (it is
+    judged against their sum: `combined`). Empty: no ceilings to judge it by."""
+    per = host_ceilings(env)
+    if not per:
+        best = best_ceilings(env)
+        return [best] if best is not None else []
+    if node_rank >= 0:
+        return [per[node_rank]] if node_rank in per else []
+    nodes = env.get("ranks", {}).get("nodes", {})
+    return list(per.values()) if len(per) == len(nodes) else []
+
+
+def combined(effs: list[Any]) -> Any:
+    """The efficiency against several hosts' ceilings at once (their sum), from the efficiency
+    against each: rate / (b1 + b2 + ...) = 1 / (1/e1 + 1/e2 + ...). None if one is missing."""
+    if not effs or any(e is None or not e for e in effs):
+        return None
+    if len(effs) == 1:
+        return effs[0]
+    return round(1 / sum(1 / e for e in effs), 4)
+
+
+def efficiency_by(row: dict[str, Any], cs: list[Ceilings], traits: Traits) -> tuple[Any, Any]:
+    """`efficiency` against the sum of the ceilings `cs` (one host's, or every host's)."""
+    pairs = [efficiency(row, c, traits) for c in cs]
+    return combined([p[0] for p in pairs]), combined([p[1] for p in pairs])
+
+
+def restore_efficiency_by(row: dict[str, Any], cs: list[Ceilings], traits: Traits) -> Any:
+    """`restore_efficiency` against the sum of the ceilings `cs`."""
+    return combined([restore_efficiency(row, c, traits) for c in cs])
+
+
 def rejudge_csv(path: str, env: dict[str, Any]) -> int:
     """Once the sweep is over, judge results.csv's rows again against the run's best ceilings
-    (`best_ceilings`: before, after and the probes), so that the CSV's efficiency columns are
-    the summary's and the report's. Only rows judged when they were written are judged again
+    (`best_ceilings`: before, after and the probes; across hosts each host's, `judges`), so
+    that the CSV's efficiency columns are the summary's and the report's. Only rows judged when they were written are judged again
     (a rank's row of a many-rank save stays unjudged: its aggregate row carries the number).
     The file is replaced atomically (temp file, fsync, rename); returns the rows changed."""
     import csv
@@ -76,8 +129,7 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
 
     from bench.storage.manifest import fsync_dir
 
-    best = best_ceilings(env)
-    if best is None or not os.path.exists(path):
+    if not judges(env, -1) and not host_ceilings(env) or not os.path.exists(path):
         return 0
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -96,9 +148,12 @@ def rejudge_csv(path: str, env: dict[str, Any]) -> int:
             "restore_s": float(r["restore_s"]) if r.get("restore_s") else None,
             "n_targets": int(r["n_targets"]),
         }
-        w, s = efficiency(num, best, traits)
+        best = judges(env, int(r.get("node_rank") or 0))
+        if not best:
+            continue
+        w, s = efficiency_by(num, best, traits)
         # A file written before restore_efficiency existed keeps its columns.
-        rst = restore_efficiency(num, best, traits) if "restore_efficiency" in cols else None
+        rst = restore_efficiency_by(num, best, traits) if "restore_efficiency" in cols else None
         cells = ("" if e is None else str(e) for e in (w, s, rst))
         new = dict(zip(JUDGED, (*cells, str(beaten(w, s, rst))), strict=True))
         if "restore_efficiency" not in cols:

@@ -209,6 +209,19 @@ def thp_mode() -> str | None:
     return text[text.index("[") + 1 : text.index("]")] if "[" in text else text.strip()
 
 
+def node_info() -> dict[str, Any]:
+    """What one host of a run across hosts is, beside its storage (env.json
+    `ranks.nodes[N].env`): its name, CPU, memory, kernel, OS and GPU."""
+    return {
+        "host": socket.gethostname(),
+        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count()},
+        "memory_bytes": psutil.virtual_memory().total,
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "gpu": gpu_info(),
+    }
+
+
 def collect(targets: list[str], blocks: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole environment block for a run over `targets`. `blocks` are what engines add
     (`bench.engines.environment_blocks()`, e.g. gds's `kvikio`): the run asks the engines and

@@ -42,6 +42,7 @@ class CaseRunner:
         *,
         ranked: bool,
         ceilings: Ceilings | None,
+        judges: rows.Judges = None,
         host: hostcost.Host,
         probes: CeilingRunner,
     ) -> None:
@@ -52,7 +53,8 @@ class CaseRunner:
         self.plan: RunPlan = ctx.plan
         self.ctx = ctx
         self.ranked = ranked
-        self.ceilings = ceilings
+        self.ceilings = ceilings  # this rank's host's
+        self.judges = judges if judges is not None else ceilings  # an aggregate row's
         self.host = host
         self.probes = probes
         self.faults = dist.faults() if ranked else {}
@@ -189,10 +191,12 @@ class CaseRunner:
         try:
             got = r.run(where)
         except dist.RankLost as lost:
+            lost = lost.on_hosts(self.plan.table)
+            r.restore_after_loss()
             r.delete()
             if self.world.rank == 0:
                 dist.write_lost(self.ctx, r.row, lost, g, wl, engine, key)
-            raise
+            raise lost from None
         except KeyboardInterrupt:
             r.delete()  # the case in flight leaves nothing behind
             raise
@@ -267,6 +271,7 @@ class CaseRunner:
         def event(what: str, i: int | None = None) -> None:
             events.append({"event": what, "checkpoint": i, "t_ns": measure.now_ns()})
 
+        recorded = 0
         try:
             for i, r in enumerate(reps):
                 w.barrier(f"the write of {keys[i][0]} checkpoint {i}")
@@ -281,12 +286,35 @@ class CaseRunner:
                 event("read", i)
                 r.restore()
                 r.record(r.gather(f"the rows of {keys[i][0]} {i}"), f"checkpoint {i}")
+                recorded += 1
+        except dist.RankLost as lost:
+            # the checkpoints not yet recorded: each rank's committed ones restored all the
+            # same, rank 0's rows of them kept (its own, and an aggregate naming the loss)
+            lost = lost.on_hosts(self.plan.table)
+            todo = [r for r in reps[recorded:] if r.row is not None and r.row.total_s is not None]
+            for r in todo:
+                r.restore_after_loss()
+            if w.rank == 0:
+                for r in todo or reps[recorded : recorded + 1]:
+                    dist.write_lost(self.ctx, r.row, lost, g, wl, engine, r.key, close=False)
+                core.env.setdefault("mlperf", {}).setdefault("order", {})[engine] = events
+                core.write_env()
+                core.close()
+            raise lost from None
         finally:
             for r in reps:
                 r.delete()
         if w.rank == 0:
             core.env.setdefault("mlperf", {}).setdefault("order", {})[engine] = events
             core.write_env()
+
+    def sharing(self, g: Group) -> bool:
+        """Whether other active ranks of group g share this rank's host (its ceilings then judge
+        their sum, the aggregate row, not this rank's share)."""
+        if g.k == 1 or not self.plan.table:
+            return g.k > 1
+        me = self.world.node_rank
+        return sum(1 for t in self.plan.table[: g.k] if t["node_rank"] == me) > 1
 
     def save(self, row: results.Row, eng: Clocked, state: Any, name: str, g: Group) -> None:
         fault = self.faults.get((self.world.rank, self.saves))
@@ -295,7 +323,7 @@ class CaseRunner:
             protocol.save_phase(
                 row, eng, state, name, self.ceilings, after_save=hook, host=self.host
             )
-            if g.k > 1:  # the ceilings are the whole device's: see the aggregate row
+            if self.sharing(g):  # the ceilings are the whole host's: see the aggregate row
                 row.write_efficiency = row.snapshot_efficiency = None
                 row.ceiling_beaten = False
         except Exception as e:  # reported on every rank (fail_together)
@@ -337,7 +365,7 @@ class CaseRunner:
                 load=load,
                 fingerprint=(self._fingerprint or []) if in_place else None,
             )
-            if g.k == 1:  # a rank's share of a many-rank restore: see the aggregate row
+            if not self.sharing(g):  # a rank's share of its host's: see the aggregate row
                 rows.judge_row(row, self.ceilings)
         except Exception as e:
             row.error = rows.error_text(e)
@@ -396,6 +424,15 @@ class Repetition:
                 self.row, self.eng, self.engine, self.state, self.name, self.base, self.g
             )
 
+    def restore_after_loss(self) -> None:
+        """Another rank was lost after this rank's save was durable: restore and compare this
+        rank's committed shard all the same (a lost rank, or host, costs no other rank its
+        checkpoint; rank 0's row says so), unless it was restored already."""
+        row = self.row
+        if row is not None and not row.error and row.total_s is not None:
+            if row.restore_into is None:
+                self.restore()
+
     def gather(self, where: str) -> list[results.Row]:
         """Every active rank's row, in rank order."""
         return [r for r in self.world.all_gather(self.row, where) if r is not None]
@@ -408,7 +445,7 @@ class Repetition:
         bad = rows.fail_together(got, cases.cfg.verify)
         core.write(got)
         if ranked:
-            core.write([rows.aggregate(got, cases.ceilings)])
+            core.write([rows.aggregate(got, cases.judges)])
         if core.bar is not None:
             core.bar.update(1)
         if bad is not None:

@@ -31,7 +31,7 @@ from bench.measure import env as env_mod
 from bench.measure import timers as measure
 from bench.measure.ceilings.measure import PROBE_COPY_BYTES
 from bench.run import distributed as dist
-from bench.run import plan, preflight
+from bench.run import mlperf, plan, preflight
 from bench.run.core import Core, World
 from bench.run.plan import RunPlan
 
@@ -56,6 +56,7 @@ def decide(run: Inputs, *, preflight_only: bool = False) -> RunPlan:
     """The run's plan, decided whole (see the module). `preflight_only`: stop once every case
     is judged (`run --preflight`): the plan then holds the verdicts, and nothing was opened."""
     cases_ = cases(run)
+    mlperf_share(run, cases_)
     judged = judge(run, cases_)
     if preflight_only:
         return judged
@@ -86,6 +87,8 @@ def cases(run: Inputs) -> RunPlan:
             "device": str(run.device.torch_device),
         }
         table = w.all_gather(me, "the rank table")
+        if cfg.mlperf is not None:  # the hosts and ranks the config asks for, on every rank
+            mlperf.check_job(cfg, table)
         groups, layout, skipped = dist.plan_groups(cfg, run.spec, w.size, table)
         for s in skipped:
             core.note(s)
@@ -102,6 +105,19 @@ def cases(run: Inputs) -> RunPlan:
         options=plan.resolved_engine_options(cfg, engines),
         table=table,
         skipped_groups=skipped,
+    )
+
+
+def mlperf_share(run: Inputs, p: RunPlan) -> None:
+    """An MLPerf run under torchrun: the first rank of every host judges that host's share
+    (bench.run.mlperf.host_check: its ranks' memory, its first target's room for all their
+    checkpoints); a share that does not fit is refused on every rank, naming the host."""
+    cfg, w = run.cfg, run.world
+    if cfg.mlperf is None or not run.ranked:
+        return
+    w.agree(
+        "the MLPerf share of each host",
+        lambda: mlperf.host_check(cfg, host=w.node_rank) if w.local_rank == 0 else None,
     )
 
 
@@ -212,7 +228,12 @@ def _check_targets(run: Inputs, p: RunPlan) -> None:
     if w.local_rank == 0:
         first = p.targets[: max(cfg.ssd_counts)]
         run.core.check_dirs(first, p.engines)
-        scale = max(g.k for g in p.groups) if run.spec.shard == "per_rank" else 1
+        # ranks that each save a whole total: as many at once as are active on this node
+        on_node = max(
+            sum(1 for t in p.table[: g.k] if t["node_rank"] == w.node_rank) if p.table else g.k
+            for g in p.groups
+        )
+        scale = max(on_node, 1) if run.spec.shard == "per_rank" else 1
         plan.check_space(cfg, p.targets, p.workloads, p.engines, scale)
     run.core.check_dirs(mine, p.engines)
 
@@ -252,6 +273,7 @@ def page_cache(run: Inputs, p: RunPlan) -> tuple[list[dict[str, Any] | None], bo
         if w.local_rank != 0:
             return None
         return {
+            "env": env_mod.node_info(),
             "storage": env_mod.targets_info(p.targets[: max(cfg.ssd_counts)]),
             "cache_drop": measure.drop_page_cache(),
         }

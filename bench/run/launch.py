@@ -99,6 +99,12 @@ def cli_run(args: argparse.Namespace) -> int | None:
     if cfg.mlperf is not None:  # this host's share of MLPerf's ranks, before they start
         from bench.run.mlperf import host_check
 
+        if cfg.mlperf.hosts > 1:
+            raise UserError(
+                f"mlperf.hosts: {cfg.mlperf.hosts} hosts: start one torchrun agent on each host "
+                "(docs/multi-rank.md; two hosts on one machine: scripts/hosts.py); "
+                "`ckptbench run` starts the ranks of one host"
+            )
         host_check(cfg)
     if getattr(args, "preflight", False):
         # each rank judges its own shard before its first case; a table of them all would need
@@ -117,7 +123,7 @@ def cli_run(args: argparse.Namespace) -> int | None:
 def _exit_code(rank: int, code: int) -> None:
     """Rank 0 leaves its exit code for the `ckptbench run --nproc` that launched torchrun."""
     path = os.environ.get(RC_FILE_ENV)
-    if rank == 0 and path:
+    if int(os.environ.get("LOCAL_RANK", rank)) == 0 and path:
         try:
             with open(path, "w") as f:
                 f.write(str(code))
@@ -178,7 +184,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
             code = max(code, after_run(run_dir))
     except UserError as e:
-        if rank == 0:
+        if int(os.environ.get("LOCAL_RANK", rank)) == 0:  # said on every node
             print(f"ckptbench: error: {e}", file=sys.stderr)
         code = 2
         _exit_code(rank, code)

@@ -35,7 +35,7 @@ class Workload:
 
     id: str
     kind: str  # synthetic, model or mlperf
-    total_bytes: int  # planned (synthetic) or actual (model) tensor bytes
+    total_bytes: int  # planned (synthetic), actual (model), every rank's (mlperf) tensor bytes
     tensor_bytes: int  # 0 for models (mixed sizes)
     model: config_mod.ModelSpec | None = None
     mlperf: config_mod.MlperfSpec | None = None  # each rank its own shard of the preset
@@ -123,9 +123,9 @@ def workloads(cfg: config_mod.Config) -> list[Workload]:
         mp = cfg.mlperf
         wid = f"mlperf-{mp.preset}" + ("" if mp.scale == 1 else f"-scale{mp.scale:g}")
         model = mlperf_mod.model(mp.preset)
-        total = sum(
+        total = sum(  # the checkpoint: every rank's of every host
             mlperf_mod.shard_at(mp.preset, r, mp.scale).nbytes
-            for r in mlperf_mod.host_ranks(model, mp.host_procs)
+            for r in mlperf_mod.job_ranks(model, mp.host_procs, mp.hosts)
         )
         return [Workload(wid, "mlperf", total, 0, mlperf=mp)]
     run, _ = cfg.synthetic_cases()

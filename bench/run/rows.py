@@ -21,22 +21,35 @@ from bench.measure import efficiency as judge
 from bench.measure.ceilings import Ceilings
 from bench.measure.efficiency import beaten
 
+Judges = Ceilings | list[Ceilings] | None  # one host's ceilings, or every host's (their sum)
 
-def efficiency(row: results.Row | Mapping[str, Any], ceilings: Ceilings | None) -> tuple[Any, Any]:
+
+def _as_list(ceilings: Judges) -> list[Ceilings]:
+    if ceilings is None:
+        return []
+    return [ceilings] if isinstance(ceilings, Ceilings) else list(ceilings)
+
+
+def efficiency(row: results.Row | Mapping[str, Any], ceilings: Judges) -> tuple[Any, Any]:
     """The row's (write, snapshot) efficiency (bench.measure.efficiency), judged by the traits
-    its engine declares; (None, None) without ceilings or a time to judge."""
+    its engine declares, against `ceilings` (a list: against their sum, every host's for an
+    aggregate across hosts); (None, None) without ceilings or a time to judge."""
     cells = row if isinstance(row, Mapping) else columns.values(row)
-    if ceilings is None or not cells.get("total_s"):
+    cs = _as_list(ceilings)
+    if not cs or not cells.get("total_s"):
         return None, None
-    return judge.efficiency(dict(cells), ceilings, REGISTRY[cells["engine"]].traits)
+    return judge.efficiency_by(dict(cells), cs, REGISTRY[cells["engine"]].traits)
 
 
-def judge_row(row: results.Row, ceilings: Ceilings | None) -> None:
+def judge_row(row: results.Row, ceilings: Judges) -> None:
     """Fill the row's judged columns (bench.measure.efficiency.JUDGED) from what it measured so
     far: the write and snapshot efficiency once saved, the restore's once restored."""
     row.write_efficiency, row.snapshot_efficiency = efficiency(row, ceilings)
     traits = REGISTRY[row.engine].traits
-    row.restore_efficiency = judge.restore_efficiency(columns.values(row), ceilings, traits)
+    cs = _as_list(ceilings)
+    row.restore_efficiency = (
+        judge.restore_efficiency_by(columns.values(row), cs, traits) if cs else None
+    )
     row.ceiling_beaten = beaten(
         row.write_efficiency, row.snapshot_efficiency, row.restore_efficiency
     )
@@ -78,7 +91,7 @@ def _combine(rule: str, vals: list[Any]) -> Any:
     return max(vals) if rule == "max" else sum(vals)
 
 
-def aggregate(rows: list[results.Row], ceilings: Ceilings | None = None) -> results.Row:
+def aggregate(rows: list[results.Row], ceilings: Judges = None) -> results.Row:
     """The aggregate row of one repetition from its per-rank rows (at least one).
 
     Each column combines the ranks' values by the rule its type declares (results.Row: the

@@ -25,7 +25,7 @@ from bench.config import sweep as config_mod
 from bench.measure import hostcost, results
 from bench.measure.ceilings import Ceilings
 from bench.measure.efficiency import rejudge_csv
-from bench.run import decide, plan
+from bench.run import decide, plan, rows
 from bench.run import distributed as dist
 from bench.run.cases import CaseRunner
 from bench.run.ceiling_runs import CeilingRunner
@@ -68,6 +68,10 @@ class Sweep:
         self.spec = cfg.ranks or config_mod.RanksSpec(nproc=self.world.size)
         self.plan: RunPlan | None = None  # decided by run(), then never changed
         self.ceilings: Ceilings | None = None  # measured by run(), or kept by the run resumed
+        # across hosts: each host's ceilings (env.json ranks.nodes[N].ceilings), and what judges
+        # an aggregate row: the run's ceilings, or every host's (against their sum)
+        self.host_ceilings: dict[int, Any] = {}
+        self.judges: rows.Judges = None
         self.host = hostcost.Host()  # measured in run()
 
     @property
@@ -122,8 +126,10 @@ class Sweep:
         """The notes on how the run's machine may colour its numbers, and env.json's
         `preflight`, `mlperf` and `tuned` blocks."""
         cfg, w, core = self.cfg, self.world, self.core
-        if self.ranked and w.size != self.spec.nproc:
-            core.note(f"ranks.nproc is {self.spec.nproc}, torchrun started {w.size} ranks")
+        nodes = len({t["node_rank"] for t in the_plan.table}) or 1
+        if self.ranked and w.size != self.spec.nproc * nodes:
+            per = f" on each of {nodes} nodes" if nodes > 1 else ""
+            core.note(f"ranks.nproc is {self.spec.nproc}{per}, torchrun started {w.size} ranks")
         if w.rank != 0:
             return
         envb = core.env
@@ -149,26 +155,45 @@ class Sweep:
             envb["mlperf"] = {**envb.get("mlperf", {}), **mlperf_block(cfg)}
 
     def _ceilings(self, the_plan: RunPlan, probes: CeilingRunner) -> Ceilings | None:
-        """The device ceilings every rank judges its rows against: measured now by rank 0
-        (unless the run resumed kept them), as env.json keeps them, as analysis will read
-        them."""
+        """The device ceilings this rank judges its rows against, as env.json keeps them, as
+        analysis will read them: measured now (unless the run resumed kept them) by rank 0, or
+        across hosts by the first rank of every host on its own targets (env.json
+        `ranks.nodes[N].ceilings`; `ceilings` is host 0's), the other ranks waiting."""
         cfg, w, core = self.cfg, self.world, self.core
         envb = core.env
-        measure_now = cfg.ceilings.enabled and w.rank == 0 and "ceilings" not in envb
+        hosts = {t["node_rank"] for t in the_plan.table}
+        per_host = len(hosts) > 1
+        resumed = w.all_gather("ceilings" in envb if w.rank == 0 else None, "the ceilings")[0]
+        measures = (w.local_rank == 0) if per_host else (w.rank == 0)
+        measure_now = cfg.ceilings.enabled and measures and not resumed
         measured = w.agree(
             "the ceilings",
             (lambda: probes.measure(the_plan.workloads)) if measure_now else (lambda: None),
             timeout_s=dist.SETUP_TIMEOUT_S,
         )
-        kept = None
+        got = w.all_gather(measured.to_json() if measured else None, "the ceilings")
+        kept: tuple[Any, dict[int, Any]] | None = None
         if w.rank == 0:
-            if measured is not None:
-                envb["ceilings"] = measured.to_json()
+            if got[0] is not None:
+                envb["ceilings"] = got[0]
                 envb.pop("ceilings_error", None)
-            kept = envb.get("ceilings")  # measured now, or by the run resumed
+            if per_host:  # measured now, or by the run resumed
+                was = envb.get("ranks", {}).get("nodes", {})
+                for r, c in enumerate(got):
+                    n = the_plan.table[r]["node_rank"]
+                    c = c or was.get(str(n), {}).get("ceilings")
+                    if c and n not in self.host_ceilings:
+                        self.host_ceilings[n] = c
+            kept = (envb.get("ceilings"), self.host_ceilings)
         # Every rank judges against what env.json keeps, as analysis will.
-        kept = w.all_gather(kept, "the ceilings")[0]
-        return Ceilings.from_json(kept) if kept else None
+        run_c, self.host_ceilings = w.all_gather(kept, "the ceilings")[0] or (None, {})
+        mine = self.host_ceilings.get(w.node_rank) if per_host else run_c
+        if per_host:
+            every = [Ceilings.from_json(c) for c in self.host_ceilings.values()]
+            self.judges = every if len(every) == len(hosts) else None
+        else:
+            self.judges = Ceilings.from_json(run_c) if run_c else None
+        return Ceilings.from_json(mine) if mine else None
 
     def _write_environment(self, the_plan: RunPlan, ctx: dist.RankContext) -> None:
         """Rank 0: env.json as it stands before the first save, with the ranks block under
@@ -176,7 +201,9 @@ class Sweep:
         if self.world.rank != 0:
             return
         if self.ranked:
-            self.core.env["ranks"] = dist.ranks_block(ctx, the_plan.nodes, the_plan.paths)
+            self.core.env["ranks"] = dist.ranks_block(
+                ctx, the_plan.nodes, the_plan.paths, self.host_ceilings
+            )
         self.core.write_env()
 
     def _host_at_rest(self) -> hostcost.Host:
@@ -215,9 +242,11 @@ class Sweep:
         if cfg.mlperf is not None:  # how it was scaled, said before the first checkpoint
             mb = core.env.get("mlperf", {}) if w.rank == 0 else {}
             if mb:
+                hosts = f" on {mb['hosts']} hosts" if mb.get("hosts", 1) > 1 else ""
                 core.log(
                     f"mlperf: {mb['preset']}, ranks {mb['host_ranks'][0]}-{mb['host_ranks'][-1]} "
-                    f"of {mb['world']} ({mb['mode']} mode), every rank's bytes x {mb['scale']:g}: "
+                    f"of {mb['world']}{hosts} ({mb['mode']} mode), every rank's bytes x "
+                    f"{mb['scale']:g}: "
                     f"{sizes.format_size(mb['host_bytes_run'])} a checkpoint instead of "
                     f"{sizes.format_size(mb['host_bytes_full'])}"
                 )
@@ -237,6 +266,7 @@ class Sweep:
             ctx,
             ranked=self.ranked,
             ceilings=self.ceilings,
+            judges=self.judges,
             host=self.host,
             probes=probes,
         )

@@ -18,6 +18,12 @@ Sources (every figure below is one of these, or follows from them by DLIO's own 
   (LLM_SUBSET_PROCS), and the data parallelism mlpstorage passes in subset mode (closed GPU
   count / GPUs per data-parallel instance: 8, 8, 2, 2; mlpstorage/benchmarks/dlio.py lines
   259-266).
+- [M] the same commit, mlpstorage/utils.py generate_mpi_prefix_cmd (lines 329-362): across
+  hosts, `mpirun -n N -host h0:s,h1:s,...` with the processes split evenly over the hosts
+  (line 347); MPI places ranks by slot, host 0 first: host h runs ranks h x s to h x s + s - 1.
+  Submission_guidelines.md lines 97 and 117: `default` mode runs the whole layout (TP x PP x DP
+  ranks) across as many hosts as it takes, each with at least 4 GPUs in CLOSED; lines 188-189:
+  a checkpoint's duration is the maximum across all GPUs, its throughput the minimum.
 - [D] argonne-lcf/dlio_benchmark, branch mlperf_storage_v2.0 (the pin of [W]'s pyproject.toml
   line 15; commit 392621b230472c4206e4299ece689700e07544a4),
   dlio_benchmark/checkpointing/base_checkpointing.py: ranks in TP, then PP, then DP order
@@ -29,7 +35,9 @@ Sources (every figure below is one of these, or follows from them by DLIO's own 
   and three of 5 x hidden (get_optimization_groups, lines 340-358); sizes in 1024^3 units
   (lines 164-165); the files, one torch.save of the model states and one of the optimizer
   states a rank (save_checkpoint, lines 385-418; pytorch_checkpointing.py save_state, lines
-  131-137).
+  131-137); dlio_benchmark/utils/utility.py DLIOMPI.initialize (lines 160-187): a rank's node is
+  found from each node's process count, nodes holding consecutive ranks (offsets, line 182), and
+  a rank's shard depends on its global rank alone (base_checkpointing.py lines 64-67).
 
 With ZeRO-3 a rank's bytes come to about 14 x P / (TP x DP): fp16 weights (2 bytes) and three
 fp32 optimizer tensors (12 bytes) of its share. DLIO's sum over all ranks gives 104.70 GiB (8B),
@@ -190,15 +198,28 @@ def total_bytes(m: MlperfModel) -> int:
     return sum(rank_shard(m, r).nbytes for r in range(m.world))
 
 
-def host_ranks(m: MlperfModel, procs: int = HOST_PROCS) -> list[int]:
-    """The ranks one host runs in subset mode ([R] line 119, [C]): the first `procs` of the
-    layout, or all of them when the model has no more."""
-    return list(range(min(procs, m.world)))
+def job_ranks(m: MlperfModel, procs: int = HOST_PROCS, hosts: int = 1) -> list[int]:
+    """The ranks a job of `hosts` hosts of `procs` GPUs runs: the first hosts x procs of the
+    layout, or all of them when the model has no more ([R] line 119 and [M]: `subset` mode
+    when fewer than TP x PP x DP, else `default`)."""
+    return list(range(min(procs * hosts, m.world)))
 
 
-def host_bytes(m: MlperfModel, procs: int = HOST_PROCS) -> int:
-    """This host's share: the bytes of its ranks (what DLIO's size line says in subset mode)."""
-    return sum(rank_shard(m, r).nbytes for r in host_ranks(m, procs))
+def host_ranks(m: MlperfModel, procs: int = HOST_PROCS, host: int = 0) -> list[int]:
+    """The ranks host `host` runs ([M]: consecutive, host 0 first, `procs` each; the first
+    `procs` of the layout on one host in subset mode, [R] line 119, [C])."""
+    return list(range(min(host * procs, m.world), min((host + 1) * procs, m.world)))
+
+
+def host_bytes(m: MlperfModel, procs: int = HOST_PROCS, host: int = 0) -> int:
+    """Host `host`'s share: the bytes of its ranks (what DLIO's size line says in subset mode)."""
+    return sum(rank_shard(m, r).nbytes for r in host_ranks(m, procs, host))
+
+
+def mode(m: MlperfModel, ranks: int) -> str:
+    """MLPerf's checkpoint mode of a job of `ranks` ranks ([R] lines 117-119; mlpstorage sets
+    `subset` when fewer processes than the layout's, benchmarks/dlio.py line 264)."""
+    return "subset" if ranks < m.world else "default"
 
 
 def scaled_shard(shard: RankShard, scale: float) -> RankShard:

@@ -24,8 +24,10 @@ from bench.run.plan import Group, RunPlan, Workload
 if TYPE_CHECKING:
     from bench.common.devices import Device
 
-# Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises) or `kill`
-# (the rank SIGKILLs itself while its save persists), SAVE counting this job's saves from 0.
+# Fault injection for tests: "KIND@RANK:SAVE[,...]", KIND `error` (the save raises), `kill`
+# (the rank SIGKILLs itself while its save persists) or `host` (its host goes down then: its
+# torchrun agent, every other rank of the agent and itself SIGKILLed), SAVE counting this job's
+# saves from 0.
 FAULT_ENV = "CKPTBENCH_INJECT_FAULT"
 
 
@@ -183,18 +185,40 @@ def _layout(
 
 
 def same_config(cfg: config_mod.Config, w: World) -> None:
-    """Every rank must run the same sweep (targets may differ: each node its own disks)."""
+    """Every rank must run the same sweep as rank 0 (targets, their caps and scratch may differ:
+    each node its own disks); else a UserError on every rank naming the first rank that
+    differs, its host and the first key."""
     d = config_mod.resolved(cfg)
-    for k in ("targets", "target_caps", "scratch"):
+    for k in ("targets", "target_caps", "max_write_bw", "scratch"):
         d.pop(k, None)
-    mine = json.dumps(d, sort_keys=True, default=str)
-    theirs = w.all_gather(mine, "the config check")
-    for r, t in enumerate(theirs):
-        if t != mine:
-            raise UserError(
-                f"rank {r} runs another config than rank {w.rank} (give every node the same "
-                "config and --set; only targets and scratch may differ)"
-            )
+    mine = json.loads(json.dumps(d, sort_keys=True, default=str))
+    theirs = w.all_gather((w.host, mine), "the config check")
+    host0, first = theirs[0]
+    for r, (host, t) in enumerate(theirs):
+        if t == first:
+            continue
+        key = _first_difference(first, t)
+        where = f"{host}, rank {r}" if host != host0 else f"rank {r}"
+        raise UserError(
+            f"{key}: {where} runs {_show(t, key)}, {host0} (rank 0) {_show(first, key)}; give "
+            "every node the same config and --set (only targets and scratch may differ)"
+        )
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """The dotted path of the first key where two resolved configs differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+    return path or "config"
+
+
+def _show(d: Any, key: str) -> str:
+    """The value at dotted `key` of a resolved config, as the user would write it."""
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return "nothing" if d is None else json.dumps(d)
 
 
 def check_resume_world(run_dir: str, size: int) -> None:
@@ -240,10 +264,14 @@ def build_shard(ctx: RankContext, wl: Workload, g: Group) -> Any:
 
 
 def ranks_block(
-    ctx: RankContext, nodes: list[dict[str, Any] | None], paths: list[dict[str, list[str]]]
+    ctx: RankContext,
+    nodes: list[dict[str, Any] | None],
+    paths: list[dict[str, list[str]]],
+    ceilings: dict[int, Any] | None = None,
 ) -> dict[str, Any]:
-    """env.json `ranks`: who ran where, and which targets each rank wrote (`paths`: every
-    rank's own directories per group, as it resolved them on its node)."""
+    """env.json `ranks`: who ran where, what each node is (its environment and storage, and
+    across hosts its own `ceilings`), and which targets each rank wrote (`paths`: every rank's
+    own directories per group, as it resolved them on its node)."""
     spec, table = ctx.spec, ctx.plan.table
     layout = {}
     for g in ctx.plan.groups:
@@ -270,7 +298,15 @@ def ranks_block(
         "active": sorted({g.k for g in ctx.plan.groups}),
         "table": table,
         "nodes": {
-            str(table[r]["node_rank"]): {"host": table[r]["host"], **n}
+            str(table[r]["node_rank"]): {
+                "host": table[r]["host"],
+                **n,
+                **(
+                    {"ceilings": ceilings[table[r]["node_rank"]]}
+                    if ceilings and table[r]["node_rank"] in ceilings
+                    else {}
+                ),
+            }
             for r, n in enumerate(nodes)
             if n
         },
@@ -289,9 +325,11 @@ def write_lost(
     wl: Workload,
     engine: str,
     key: tuple[str, bool, int],
+    close: bool = True,
 ) -> None:
     """Rank 0: the rows of a repetition a rank was lost in (its own and the aggregate), at
-    once and durably, before torchrun ends the job."""
+    once and durably, before torchrun ends the job (the writers closed after, unless `close`
+    is False: more such rows to come)."""
     why = str(lost)
     case_id, warm, rep = key
     out = []
@@ -325,7 +363,8 @@ def write_lost(
     )
     out.append(agg)
     ctx.core.write(out)
-    ctx.core.close()
+    if close:
+        ctx.core.close()
 
 
 def faults() -> dict[tuple[int, int], str]:
@@ -333,9 +372,11 @@ def faults() -> dict[tuple[int, int], str]:
     text = os.environ.get(FAULT_ENV, "").strip()
     out = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
-        m = re.fullmatch(r"(error|kill)@(\d+):(\d+)", item)
+        m = re.fullmatch(r"(error|kill|host)@(\d+):(\d+)", item)
         if not m:
-            raise UserError(f"${FAULT_ENV}: {item!r} is not KIND@RANK:SAVE (KIND error or kill)")
+            raise UserError(
+                f"${FAULT_ENV}: {item!r} is not KIND@RANK:SAVE (KIND error, kill or host)"
+            )
         out[(int(m.group(2)), int(m.group(3)))] = m.group(1)
     return out
 
@@ -348,4 +389,33 @@ def inject(kind: str, rank: int, save: int) -> Callable[[], None]:
     def kill() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    return kill
+    def host_down() -> None:
+        # the agent first (it must not outlive its ranks to report them), its other ranks
+        # found before it dies (they are its children until then), this rank last
+        agent = os.getppid()
+        peers = [p for p in _children(agent) if p != os.getpid()]
+        for pid in [agent, *peers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return host_down if kind == "host" else kill
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                # the fields after the command's closing parenthesis: state, ppid, ...
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(d))
+    return out

@@ -29,10 +29,18 @@ class RankLost(Exception):
     """A rank did not reach a synchronisation point: killed, crashed, hung, or torchrun is
     stopping the job. `ranks` names the lost ranks where rank 0's monitored barrier knows them."""
 
-    def __init__(self, where: str, ranks: list[int], detail: str) -> None:
+    def __init__(
+        self, where: str, ranks: list[int], detail: str, hosts: dict[int, str] | None = None
+    ) -> None:
         self.where, self.ranks, self.detail = where, ranks, detail
+        self.hosts = hosts or {}  # rank -> host, where the job spans hosts
         if ranks:
-            who = ", ".join(str(r) for r in ranks)
+            on: dict[str, list[int]] = {}
+            for r in ranks:
+                on.setdefault(self.hosts.get(r, ""), []).append(r)
+            who = "; ".join(
+                ", ".join(str(r) for r in rs) + (f" on {h}" if h else "") for h, rs in on.items()
+            )
             msg = (
                 f"rank{'s' if len(ranks) > 1 else ''} {who} lost before {where} "
                 "(killed, crashed, or not there within the timeout)"
@@ -40,6 +48,14 @@ class RankLost(Exception):
         else:
             msg = f"lost contact before {where}: {detail}"
         super().__init__(msg)
+
+    def on_hosts(self, table: list[dict[str, Any]]) -> RankLost:
+        """The same loss, its ranks' hosts named, when the job's ranks (`table`, the ranks'
+        table) span more than one host."""
+        hosts = {t["rank"]: str(t["host"]) for t in table}
+        if len(set(hosts.values())) < 2 or not self.ranks:
+            return self
+        return RankLost(self.where, self.ranks, self.detail, hosts)
 
 
 def _lost_ranks(text: str) -> list[int]:
@@ -128,11 +144,14 @@ class TorchrunWorld:
             err = error_text(e)
             log.for_rank(self.rank).error(traceback.format_exc())
         self.barrier(where, timeout_s)
-        errs = self.all_gather(err, where)
-        bad = [(r, m) for r, m in enumerate(errs) if m]
+        errs = self.all_gather((self.host, err), where)
+        bad = [(r, h, m) for r, (h, m) in enumerate(errs) if m]
         if bad:
+            r, h, m = bad[0]
+            # across hosts, the host is what the user goes to fix
+            on = f"rank {r} ({h})" if len({x[0] for x in errs}) > 1 else f"rank {r}"
             more = f" (and on {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-            raise UserError(f"{where} failed on rank {bad[0][0]}{more}: {bad[0][1]}")
+            raise UserError(f"{where} failed on {on}{more}: {m}")
         return cast(T, result)  # fn() returned it: no rank failed
 
 
