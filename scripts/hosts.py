@@ -57,8 +57,14 @@ TAG_PREFIX = "ckh"
 RC_FILE_ENV = "CKPTBENCH_RC_FILE"  # bench.run.launch: a node's first rank leaves its exit code
 STOP_GRACE_S = 20.0  # after Ctrl-C, how long the agents get to end their ranks before SIGKILL
 # What each host runs inside its namespaces before the agent: its name, its disk, its names.
+# The new mount namespace starts with a copy of every mount the machine had: a loop device
+# mounted there by someone else (another test's disk) would stay busy while the agent runs, and
+# its owner's `losetup -d` would not free it. The copies of loop mounts are let go first (in this
+# namespace only), then the host's own disk is mounted.
 ENTER = (
     'set -e; name=$1 dev=$2 mnt=$3 hosts=$4; shift 4; hostname "$name"; '
+    "for m in $(awk '$1 ~ /^[/]dev[/]loop/ {print $2}' /proc/self/mounts | sort -r); do "
+    'umount -l "$m" 2>/dev/null || true; done; '
     'mount "$dev" "$mnt"; mount --bind "$hosts" /etc/hosts; exec "$@"'
 )
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -302,7 +303,14 @@ def loop_mount(scratch: Path) -> Iterator[Path]:
             subprocess.run(["umount", str(mnt)], check=True)
     finally:
         subprocess.run(["losetup", "-d", dev], check=True)
-    assert str(img) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    # A device still open elsewhere (udev probing it after the unmount) is detached when the
+    # last user lets go: `losetup -d` returns before that. Gone within 10 s, or left behind.
+    deadline = time.monotonic() + 10
+    while str(img) in (
+        left := subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    ):
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
 
 
 def _state(n: int = 8, each: int = 4 << 20) -> dict[str, torch.Tensor]:
