@@ -337,3 +337,25 @@ def default_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from analysis.report.build import build
 
     return build(str(DEFAULT_RUN), str(tmp_path_factory.mktemp("default-report")))
+
+
+# The test files that take longest, longest first (pytest --durations, summed per file). `make
+# test` runs the files in parallel, one file per worker at a time, in collection order: started
+# last, one of them would leave a worker busy alone at the end.
+LONGEST_FIRST = (
+    "test_gpu_check.py",
+    "test_hosts.py",
+    "test_cli.py",
+    "test_distributed.py",
+    "test_mlperf.py",
+    "test_faults.py",
+    "test_crash.py",
+    "test_training.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (LONGEST_FIRST); within a file, and among the others, the
+    order pytest found."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
