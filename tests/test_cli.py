@@ -72,8 +72,17 @@ def test_engines_lists_every_registered_engine() -> None:
 
     p = ckptbench("engines")
     assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert lines[0] == f"device: {'cuda' if torch.cuda.is_available() else 'host-emulated'}"
+    out = p.stdout.splitlines()
+    assert out[0] == f"device: {'cuda' if torch.cuda.is_available() else 'host-emulated'}"
+    # an engine with several backends (nixl) lists each, indented under its own line
+    lines = [line for line in out if not line.startswith("  ")]
+    variants = [line.split(maxsplit=1) for line in out if line.startswith("  ")]
+    nixl = engines.REGISTRY["nixl"]
+    assert variants == [
+        [v, "available" if why is None else f"unavailable: {why}"]
+        for v, why in nixl.variants().items()  # type: ignore[attr-defined]
+    ]
+    assert out[out.index(next(x for x in out if x.startswith("nixl "))) + 1].startswith("  posix")
     assert [line.split()[0] for line in lines[1:]] == engines.names()
     for line in lines[1:]:
         why = engines.unavailable(line.split()[0])

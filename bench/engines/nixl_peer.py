@@ -69,14 +69,19 @@ class NixlError(RuntimeError):
 def library() -> ModuleType | str:
     """NIXL's Python module (the wheel for CUDA 12 or 13, or a build from source), or why none
     imports."""
+    import importlib
+    import logging
+
     errors = []
     for name in ("nixl_cu12", "nixl_cu13", "nixl._api"):
         try:
-            import importlib
-
-            return importlib.import_module(name)
+            module = importlib.import_module(name)
         except Exception as e:  # ImportError, or a shared library that does not load
             errors.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        # Its logger says INFO for every agent and backend made; its warnings and errors stay
+        logging.getLogger("nixl").setLevel(logging.WARNING)
+        return module
     return f"NIXL does not import ({'; '.join(errors)}); {HOW_TO}"
 
 
@@ -189,6 +194,11 @@ class Nixl(BaselineEngine):
         return _probe(o.backend, tuple(sorted(backend_params(o).items())))
 
     @classmethod
+    def variants(cls) -> dict[str, str | None]:
+        """Each backend and whether it runs here (None) or why not: `ckptbench engines`."""
+        return {b: cls.unavailable({"backend": b}) for b in PLUGIN}
+
+    @classmethod
     def memory_plan(cls, size: StateSize, options: Any) -> MemoryPlan:
         """The registered host buffer (`buffer_bytes`, none for gds/gds-mt from a GPU); reads
         into the destination's tensors through it, or into new ones as large as the state."""
@@ -203,7 +213,11 @@ class Nixl(BaselineEngine):
 
     @property
     def pinned_bytes(self) -> int:
-        return 0 if self._buffer is None else self._buffer.nbytes
+        """The registered buffer where it is page-locked (a GPU's copies); POSIX registration
+        itself locks nothing."""
+        from bench.storage.staging import PinnedBuffer
+
+        return self._buffer.nbytes if isinstance(self._buffer, PinnedBuffer) else 0
 
     # -- setup (outside the timed region) ---------------------------------------------------
 
