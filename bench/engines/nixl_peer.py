@@ -58,6 +58,8 @@ HOW_TO = "pip install nixl-cu12 (or nixl-cu13), the `nixl` extra"
 OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_DIRECT
 # nixlbench's defaults for the POSIX io queue's descriptor pool
 IOS_POOL_SIZE = 65536
+# A transfer request that completes nothing for this long is an error, not a hung save
+STUCK_S = 300.0
 PLUGIN = {"posix-uring": "POSIX", "posix-aio": "POSIX", "gds-mt": "GDS_MT", "gds": "GDS"}
 
 
@@ -79,8 +81,10 @@ def library() -> ModuleType | str:
         except Exception as e:  # ImportError, or a shared library that does not load
             errors.append(f"{name}: {type(e).__name__}: {e}")
             continue
-        # Its logger says INFO for every agent and backend made; its warnings and errors stay
-        logging.getLogger("nixl").setLevel(logging.WARNING)
+        # Its Python logger says INFO for every agent and backend made, and logs an error that it
+        # also raises (on stdout): the engine turns the exception into its own one-line reason
+        # instead, so only critical ones are let through. Its C++ core logs to stderr apart.
+        logging.getLogger("nixl").setLevel(logging.CRITICAL)
         return module
     return f"NIXL does not import ({'; '.join(errors)}); {HOW_TO}"
 
@@ -229,7 +233,21 @@ class Nixl(BaselineEngine):
         if reason:
             raise UserError(f"engine nixl cannot run here: {reason}")
         self._agent = _agent(self._lib, f"ckptbench-{os.getpid()}-{id(self):x}")
-        self._agent.create_backend(PLUGIN[o.backend], backend_params(o))
+        self._call(
+            "create the backend", self._agent.create_backend, PLUGIN[o.backend], backend_params(o)
+        )
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        """`fn(*args)`, a NIXL call; the library's exception (nixlBackendError and its kin)
+        becomes one line naming the backend and what failed."""
+        try:
+            return fn(*args)
+        except NixlError:
+            raise
+        except Exception as e:
+            raise NixlError(
+                f"nixl {_label(self.options.backend)}: {what} failed ({type(e).__name__}: {e})"
+            ) from e
 
     def _host_buffer(self) -> None:
         """The registered host buffer and its two halves' prepared descriptor lists."""
@@ -238,12 +256,20 @@ class Nixl(BaselineEngine):
         o = self.options
         self._buffer = _host_memory(o.buffer_bytes)
         region = [(self._buffer.address, self._buffer.nbytes, 0, "")]
-        self._local = self._agent.register_memory(region, "DRAM")
+        self._local = self._call("register its buffer", self._agent.register_memory, region, "DRAM")
         half = o.buffer_bytes // 2
         for h in range(2):
             base = self._buffer.address + h * half
             pieces = [(base + p, o.request_bytes, 0) for p in range(0, half, o.request_bytes)]
-            self._halves.append(self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", pieces, "DRAM"))
+            self._halves.append(
+                self._call(
+                    "prepare its buffer's descriptors",
+                    self._agent.prep_xfer_dlist,
+                    "NIXL_INIT_AGENT",
+                    pieces,
+                    "DRAM",
+                )
+            )
 
     def _device(self, tensors: list[torch.Tensor]) -> bool:
         return bool(tensors) and tensors[0].is_cuda and self.options.backend in ("gds", "gds-mt")
@@ -257,18 +283,27 @@ class Nixl(BaselineEngine):
 
     def _wait(self, handles: list[Any], what: str, detail: NixlDetail) -> None:
         t0 = time.perf_counter()
-        for h in handles:
-            while True:
-                s = self._agent.check_xfer_state(h)
-                if s == "DONE":
-                    break
-                if s == "ERR":
-                    self._release(handles)
-                    raise NixlError(
-                        f"nixl {_label(self.options.backend)}: a {what} transfer ended in error "
-                        "(the library's log above says why)"
-                    )
-        self._release(handles)
+        try:
+            for h in handles:
+                # Busy-polled, as nixlbench does: the POSIX backend reaps its completions here
+                # (no progress thread), so a sleep would only add to the time.
+                last = time.monotonic()
+                while True:
+                    s = self._call(f"a {what} transfer", self._agent.check_xfer_state, h)
+                    if s == "DONE":
+                        break
+                    if s == "ERR":
+                        raise NixlError(
+                            f"nixl {_label(self.options.backend)}: a {what} transfer ended in "
+                            "error (the library's log says why)"
+                        )
+                    if time.monotonic() - last > STUCK_S:
+                        raise NixlError(
+                            f"nixl {_label(self.options.backend)}: a {what} transfer made no "
+                            f"progress in {STUCK_S:.0f} s"
+                        )
+        finally:
+            self._release(handles)
         detail.poll_s += time.perf_counter() - t0
 
     def _release(self, handles: list[Any]) -> None:
@@ -294,8 +329,14 @@ class Nixl(BaselineEngine):
         b = self.options.batch
         handles = []
         for i in range(0, len(local_idx), b):
-            h = self._agent.make_prepped_xfer(
-                op, local, local_idx[i : i + b], remote, remote_idx[i : i + b]
+            h = self._call(
+                f"make a {op.lower()} request",
+                self._agent.make_prepped_xfer,
+                op,
+                local,
+                local_idx[i : i + b],
+                remote,
+                remote_idx[i : i + b],
             )
             handles.append(h)
             self._start(h, op, handles, detail, len(local_idx[i : i + b]))
@@ -304,7 +345,12 @@ class Nixl(BaselineEngine):
 
     def _start(self, h: Any, op: str, handles: list[Any], detail: NixlDetail, n: int) -> None:
         """Post transfer request `h` (of `n` descriptors); an error releases `handles`."""
-        if self._agent.transfer(h) == "ERR":
+        try:
+            state = self._call(f"post a {op.lower()} request", self._agent.transfer, h)
+        except NixlError:
+            self._release(handles)
+            raise
+        if state == "ERR":
             self._release(handles)
             raise NixlError(
                 f"nixl {_label(self.options.backend)}: posting a {op.lower()} transfer failed "
@@ -316,9 +362,21 @@ class Nixl(BaselineEngine):
     def _file_dlist(self, fd: int, length: int, piece: int) -> tuple[Any, Any]:
         """Register file `fd` of `length` bytes; its registration and a prepared list of its
         pieces of `piece` bytes, in order."""
-        reg = self._agent.register_memory([(0, length, fd, "")], "FILE")
+        reg = self._call(
+            "register the file", self._agent.register_memory, [(0, length, fd, "")], "FILE"
+        )
         pieces = [(off, min(piece, length - off), fd) for off in range(0, length, piece)]
-        return reg, self._agent.prep_xfer_dlist(self._agent.name, pieces, "FILE")
+        try:
+            return reg, self._call(
+                "prepare the file's descriptors",
+                self._agent.prep_xfer_dlist,
+                self._agent.name,
+                pieces,
+                "FILE",
+            )
+        except NixlError:
+            self._agent.deregister_memory(reg)
+            raise
 
     def _host_io(
         self,
@@ -360,7 +418,14 @@ class Nixl(BaselineEngine):
                 far = self._agent.get_xfer_descs(
                     [(windows[w] + n * o.request_bytes, tail, fd)], "FILE"
                 )
-                h = self._agent.initialize_xfer(op, local, far, self._agent.name)
+                h = self._call(
+                    f"make a {op.lower()} request",
+                    self._agent.initialize_xfer,
+                    op,
+                    local,
+                    far,
+                    self._agent.name,
+                )
                 handles.append(h)
                 self._start(h, op, handles, detail, 1)
             inflight[w % 2] = handles
@@ -409,8 +474,10 @@ class Nixl(BaselineEngine):
         registered as VRAM, cut into descriptors of `request_bytes` at its file offset."""
         o = self.options
         torch.cuda.synchronize()
-        regs = self._agent.register_memory(tensors)
-        file_reg = self._agent.register_memory([(0, length, fd, "")], "FILE")
+        regs = self._call("register the device tensors", self._agent.register_memory, tensors)
+        file_reg = self._call(
+            "register the file", self._agent.register_memory, [(0, length, fd, "")], "FILE"
+        )
         try:
             local, remote = [], []
             for t, (off, n) in zip(tensors, layout, strict=True):
@@ -419,8 +486,20 @@ class Nixl(BaselineEngine):
                     k = min(o.request_bytes, n - p)
                     local.append((t.data_ptr() + p, k, dev))
                     remote.append((off + p, k, fd))
-            lp = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "VRAM")
-            rp = self._agent.prep_xfer_dlist(self._agent.name, remote, "FILE")
+            lp = self._call(
+                "prepare the tensors' descriptors",
+                self._agent.prep_xfer_dlist,
+                "NIXL_INIT_AGENT",
+                local,
+                "VRAM",
+            )
+            rp = self._call(
+                "prepare the file's descriptors",
+                self._agent.prep_xfer_dlist,
+                self._agent.name,
+                remote,
+                "FILE",
+            )
             idx = list(range(len(local)))
             try:
                 self._wait(self._post(op, lp, idx, rp, idx, detail), op.lower(), detail)
