@@ -141,7 +141,7 @@ tune-check: $(BIN)/.installed
 	$(BIN)/python scripts/tune_check.py $(CONFIG) $(TUNED) $(ARGS)
 
 # The single-copy path against the peers users would pick and against fio, in one alternating run
-# (scripts/peers.py; fastpersist only where DeepSpeed is installed).
+# (scripts/peers.py; fastpersist only where DeepSpeed is installed, nixl's GDS_MT only on a GPU).
 .PHONY: peers
 peers: $(BIN)/.installed
 	$(BIN)/python scripts/peers.py $(ARGS)
