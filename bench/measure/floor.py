@@ -95,7 +95,14 @@ def fio_cpu(path: str, nbytes: int, rw: str, block: int = BLOCK, depth: int = DE
     out = subprocess.run(
         cmd, capture_output=True, text=True, timeout=600, check=True, env=fio_env()[0]
     )
-    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]
+    return job_cpu_s(out.stdout)
+
+
+def job_cpu_s(fio_json: str) -> float:
+    """fio's own CPU-seconds for its (first) job, from its JSON output: `usr_cpu` and `sys_cpu`
+    are percentages of one CPU over `job_runtime` (ms), the job's own run, without fio's
+    start-up and buffer fill."""
+    job = json.loads(fio_json[fio_json.index("{") :])["jobs"][0]
     return (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100.0 * float(job["job_runtime"]) / 1e3
 
 
