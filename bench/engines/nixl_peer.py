@@ -183,7 +183,10 @@ class Nixl(BaselineEngine):
         self._buffer: odirect.HostBuffer | None = None
         self._local: Any = None  # the buffer's registration
         self._halves: list[Any] = []  # prepared descriptor lists of the two halves
-        self._device_regs: list[Any] = []
+        # warm()'s registration of the state's device tensors (gds, gds-mt on CUDA), and the
+        # memory it covers: a save of the same tensors transfers from it without registering
+        self._device_reg: Any = None
+        self._device_key: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def unavailable(cls, options: dict[str, Any] | None = None) -> str | None:
@@ -275,9 +278,27 @@ class Nixl(BaselineEngine):
         return bool(tensors) and tensors[0].is_cuda and self.options.backend in ("gds", "gds-mt")
 
     def warm(self, state: Any) -> None:
+        """The agent and its backend; the registered host buffer, or on a GPU with gds/gds-mt
+        the state's device tensors registered (cuFile's buffer registration, as a user
+        registers once and saves many times)."""
         self._setup()
-        if not self._device([t for _, t in flatten(state)[1]]):
+        tensors = [t.detach() for _, t in flatten(state)[1]]
+        if not self._device(tensors):
             self._host_buffer()
+            return
+        live = [t for t in tensors if t.numel() and t.is_contiguous()]
+        key = _memory_key(live)
+        if key != self._device_key:
+            self._drop_device_reg()
+            self._device_reg = self._call(
+                "register the device tensors", self._agent.register_memory, live
+            )
+            self._device_key = key
+
+    def _drop_device_reg(self) -> None:
+        if self._device_reg is not None and self._agent is not None:
+            self._agent.deregister_memory(self._device_reg)
+        self._device_reg, self._device_key = None, ()
 
     # -- the transfers -------------------------------------------------------------------------
 
@@ -469,19 +490,28 @@ class Nixl(BaselineEngine):
         tensors: list[torch.Tensor],
         length: int,
         detail: NixlDetail,
+        mem: str = "VRAM",
     ) -> None:
         """Transfer the device tensors to or from the file in place (GDS, GDS_MT): each tensor
-        registered as VRAM, cut into descriptors of `request_bytes` at its file offset."""
+        registered as `mem` (VRAM; a test passes aligned host tensors as DRAM through POSIX),
+        cut into descriptors of `request_bytes` at its file offset."""
         o = self.options
-        torch.cuda.synchronize()
-        regs = self._call("register the device tensors", self._agent.register_memory, tensors)
+        if mem == "VRAM":
+            torch.cuda.synchronize()
+        live = [(t, place) for t, place in zip(tensors, layout, strict=True) if t.numel()]
+        # warm()'s registration where these are the tensors it registered, else one for now
+        regs = None
+        if _memory_key([t for t, _ in live]) != self._device_key:
+            regs = self._call(
+                "register the device tensors", self._agent.register_memory, [t for t, _ in live]
+            )
         file_reg = self._call(
             "register the file", self._agent.register_memory, [(0, length, fd, "")], "FILE"
         )
         try:
             local, remote = [], []
-            for t, (off, n) in zip(tensors, layout, strict=True):
-                dev = t.get_device()
+            for t, (off, n) in live:
+                dev = max(t.get_device(), 0)  # host memory: device 0, as NIXL numbers it
                 for p in range(0, n, o.request_bytes):
                     k = min(o.request_bytes, n - p)
                     local.append((t.data_ptr() + p, k, dev))
@@ -491,7 +521,7 @@ class Nixl(BaselineEngine):
                 self._agent.prep_xfer_dlist,
                 "NIXL_INIT_AGENT",
                 local,
-                "VRAM",
+                mem,
             )
             rp = self._call(
                 "prepare the file's descriptors",
@@ -508,7 +538,8 @@ class Nixl(BaselineEngine):
                 self._agent.release_dlist_handle(rp)
         finally:
             self._agent.deregister_memory(file_reg)
-            self._agent.deregister_memory(regs)
+            if regs is not None:
+                self._agent.deregister_memory(regs)
 
     # -- save and load -------------------------------------------------------------------------
 
@@ -611,6 +642,7 @@ class Nixl(BaselineEngine):
         return unflatten(index["tree"], target)
 
     def _free(self) -> None:
+        self._drop_device_reg()
         if self._agent is not None:
             for h in self._halves:
                 self._agent.release_dlist_handle(h)
@@ -637,6 +669,11 @@ def _host_memory(nbytes: int) -> odirect.HostBuffer:
 
         return PinnedBuffer(nbytes)
     return odirect.HostBuffer(nbytes)
+
+
+def _memory_key(tensors: list[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    """The memory `tensors` cover, (address, bytes) each: what a registration is good for."""
+    return tuple((t.data_ptr(), t.numel() * t.element_size()) for t in tensors)
 
 
 def _layout(tensors: list[torch.Tensor]) -> tuple[list[tuple[int, int]], int]:
