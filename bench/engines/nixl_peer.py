@@ -32,6 +32,7 @@ Needs a NIXL wheel (`pip install nixl-cu12`, the `nixl` extra); GDS and GDS_MT n
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import time
@@ -417,6 +418,7 @@ class Nixl(BaselineEngine):
         assert self._buffer is not None
         windows = list(range(0, length, half))
         inflight: list[list[Any]] = [[], []]
+        ends = [off + n for off, n in layout]  # where each window's first tensor is found
 
         def post(w: int) -> None:
             """The window's whole descriptors from the prepared lists; a last piece shorter
@@ -458,7 +460,7 @@ class Nixl(BaselineEngine):
                         self._wait(inflight[w % 2], "write", detail)
                     t0 = time.perf_counter()
                     _copy_window(
-                        self._buffer.array, w % 2 * half, start, half, layout, tensors, True
+                        self._buffer.array, w % 2 * half, start, half, layout, tensors, True, ends
                     )
                     detail.copy_s += time.perf_counter() - t0
                     post(w)
@@ -473,7 +475,7 @@ class Nixl(BaselineEngine):
                         post(w + 1)
                     t0 = time.perf_counter()
                     _copy_window(
-                        self._buffer.array, w % 2 * half, start, half, layout, tensors, False
+                        self._buffer.array, w % 2 * half, start, half, layout, tensors, False, ends
                     )
                     detail.copy_s += time.perf_counter() - t0
         finally:
@@ -700,15 +702,18 @@ def _copy_window(
     layout: list[tuple[int, int]],
     tensors: list[torch.Tensor],
     into_buffer: bool,
+    ends: list[int],
 ) -> None:
     """Copy between the buffer's half at `at` and the file window [start, start + size): every
     tensor's bytes that fall in it (into the buffer on a save, out of it on a restore). On a
     save the gaps (alignment padding, the file's tail) are zeroed, so the file's bytes are the
-    same whatever the buffer held."""
+    same whatever the buffer held. `ends`: each tensor's end in the file (ascending), to find
+    the window's first tensor without walking the ones before it."""
     end = start + size
     window = torch.from_numpy(buf[at : at + size])
     cursor = start
-    for t, (off, n) in zip(tensors, layout, strict=True):
+    first = bisect.bisect_right(ends, start)
+    for t, (off, n) in zip(tensors[first:], layout[first:], strict=True):
         if off + n <= start:
             continue
         if off >= end:
