@@ -296,7 +296,7 @@ def floor_sentence(run: Run) -> str:
             ("read", f.per_GB("read")),
             ("copy into warm memory", f.per_GB("copy")),
             ("xxh3", f.per_GB("hash")),
-            ("torch.save to memory", f.per_GB("serialize")),
+            ("torch.save", f.per_GB("serialize")),
         )
         if v is not None
     )

@@ -163,8 +163,8 @@ TERMS: dict[str, Term] = {
         "What the path's work must cost the CPUs at least, per GB, measured in the same run "
         "(env.json `cpu_floor`, bench/measure/floor.py): fio's own job CPU for an O_DIRECT "
         "io_uring write of the bytes, plus a single-thread copy into warm memory for a "
-        "snapshot path, xxh3 over the bytes where it checksums, torch.save into memory where "
-        "it serialises."
+        "snapshot path, xxh3 over the bytes where it checksums, torch.save (into a sink that "
+        "keeps nothing) where it serialises."
     ),
     "x floor": Term("CPU s/GB over floor s/GB: how much CPU the path spends beyond its work."),
     "floor =": Term("The parts the path's floor adds up (fio: fio's write)."),
