@@ -107,8 +107,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
                 "engine": eng,
                 "n": len(ok),
                 "gds_mode": ok["gds_mode"].iloc[-1],
-                # how it reached the disk: kvikio for gds, NIXL's backend for nixl (GDS_MT)
-                "via": "kvikio" if gd else (nd.backend if nd else ""),
+                # how it reached the disk: gds's io (kvikio, or its emulation), nixl's backend
+                "via": gd.io if gd else (nd.backend if nd else ""),
                 "restore": ok["restore_mode"].iloc[-1],
                 "stall_s": round(med["stall_s"], 3),
                 "durable_s": round(med["total_s"], 3),
