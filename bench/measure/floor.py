@@ -179,12 +179,13 @@ def _serialize_cpu(nbytes: int, reps: int = 3) -> float:
 
 
 def measure(target: str, nbytes: int, block: int = BLOCK, depth: int = DEPTH) -> Floor:
-    """The floor's parts for `nbytes` (at most MAX_BYTES, at least one block), the I/O in
-    directory `target` (a target of the run: the disk the engines write)."""
+    """The floor's parts for `nbytes` (at most MAX_BYTES, in 4 KiB units; the block no larger),
+    the I/O in directory `target` (a target of the run: the disk the engines write)."""
     from bench.measure.ceilings.data import random_bytes
     from bench.storage import checksums
 
-    n = max(block, min(nbytes, MAX_BYTES) // odirect.ALIGN * odirect.ALIGN)
+    n = max(odirect.ALIGN, min(nbytes, MAX_BYTES) // odirect.ALIGN * odirect.ALIGN)
+    block = min(block, n)  # a checkpoint smaller than a block: one block of its size
     src = random_bytes(n)
     dst = odirect.HostBuffer(n)
     try:

@@ -194,16 +194,28 @@ class Sweep:
         """Rank 0, with the ceilings: the CPU floor of the run's largest checkpoint on its first
         target (bench.measure.floor), what the report holds each path's CPU per GB against;
         kept from the run resumed."""
-        cfg, core = self.cfg, self.core
-        if self.world.rank != 0 or not cfg.ceilings.enabled or "cpu_floor" in core.env:
-            return
-        if not the_plan.workloads or not the_plan.targets:
-            return
-        nbytes = max(w.total_bytes for w in the_plan.workloads)
-        try:
-            core.env["cpu_floor"] = floor.measure(the_plan.targets[0], nbytes).to_json()
-        except (OSError, ValueError) as e:  # the run goes on; the report says why there is none
-            core.note(f"the CPU floor could not be measured ({type(e).__name__}: {e})")
+        cfg, core, w = self.cfg, self.core, self.world
+        now = (
+            w.rank == 0
+            and cfg.ceilings.enabled
+            and "cpu_floor" not in core.env
+            and bool(the_plan.workloads and the_plan.targets)
+        )
+
+        def measure() -> dict[str, Any] | None:
+            if not now:
+                return None
+            nbytes = max(wl.total_bytes for wl in the_plan.workloads)
+            try:
+                return floor.measure(the_plan.targets[0], nbytes).to_json()
+            except (OSError, ValueError) as e:  # the run goes on; the report says there is none
+                core.note(f"the CPU floor could not be measured ({type(e).__name__}: {e})")
+                return None
+
+        # every rank waits for rank 0's measurement, as for the ceilings
+        got = w.agree("the CPU floor", measure, timeout_s=dist.SETUP_TIMEOUT_S)
+        if got is not None:
+            core.env["cpu_floor"] = got
 
     def _announce(self, the_plan: RunPlan) -> int:
         """Say what the run will do (and, for MLPerf, how it was scaled) before the first
