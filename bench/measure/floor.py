@@ -119,16 +119,19 @@ def _io(target: str, nbytes: int, block: int, depth: int) -> tuple[str, float, f
     version = fio_version()
     if version is not None:
         path = os.path.join(target, ".ckptbench-floor-fio")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.posix_fallocate(fd, 0, nbytes)
-        finally:
-            os.close(fd)
-        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)  # a full disk fails here, and leaves nothing
+            finally:
+                os.close(fd)
             w = fio_cpu(path, nbytes, "write", block, depth)
             r = fio_cpu(path, nbytes, "read", block, depth)
         finally:
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         return f"{version} io_uring, job CPU", w, r
     from bench.measure.ceilings.builtin import builtin_read, builtin_write
     from bench.measure.ceilings.data import make_read_files, remove_files
