@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import Run, order_engines
-from bench.measure.floor import NO_FIO, Floor
+from bench.measure.floor import Floor
 
 GB = 1e9
 HOST_CSV = [
@@ -301,8 +301,8 @@ def floor_sentence(run: Run) -> str:
         if v is not None
     )
     io = (
-        f"{NO_FIO}: no I/O floor, so no ratio"
-        if f.io_tool == NO_FIO
+        f"{f.io_tool}: no I/O floor, so no ratio"
+        if f.write_cpu_s is None
         else f"I/O by {f.io_tool}, {f.block_bytes >> 20} MiB blocks, depth {f.depth}"
     )
     text = (

@@ -158,3 +158,13 @@ def test_the_parts_an_engine_times_itself_are_read_from_its_rows() -> None:
         }
     )
     assert cost._own_parts(rows) == "copy 0.15, submit 0.01, complete 0.40, fsync 0.20"
+
+
+@needs_fio
+def test_a_fio_run_that_fails_leaves_no_file_and_no_number(scratch) -> None:
+    """fio failing for real (O_DIRECT writes of 1000-byte blocks: EINVAL) is said in `why`, with
+    no I/O number, and its file is gone: a full disk must not stay full for the run's saves."""
+    f = floor.measure(str(scratch), 4 * MiB, block=1000, depth=2)
+    assert (f.io_tool, f.write_cpu_s, f.read_cpu_s) == ("fio failed", None, None)
+    assert f.why.startswith("CalledProcessError")
+    assert not [p for p in os.listdir(scratch) if p.startswith(".ckptbench-floor")]

@@ -53,7 +53,9 @@ class Floor:
     nbytes: int
     block_bytes: int
     depth: int
-    io_tool: str  # "fio 3.33 io_uring", "built-in O_DIRECT writer (fio not installed)", or NO_FIO
+    # "fio-3.33 io_uring, job CPU", "built-in O_DIRECT writer and reader, process CPU (fio not
+    # installed)"; where no I/O part was measured, NO_FIO or "fio failed" (`why` says why)
+    io_tool: str
     write_cpu_s: float | None
     read_cpu_s: float | None
     copy_cpu_s: float
@@ -203,5 +205,6 @@ def measure(target: str, nbytes: int, block: int = BLOCK, depth: int = DEPTH) ->
         read: float | None = r
         why = ""
     except (OSError, subprocess.SubprocessError, ValueError) as e:
-        tool, write, read, why = NO_FIO, None, None, f"{type(e).__name__}: {e}"
+        tool = NO_FIO if fio_version() is None else "fio failed"
+        write, read, why = None, None, f"{type(e).__name__}: {e}"
     return Floor(n, block, depth, tool, write, read, copy, digest, serialize, why)
