@@ -2,7 +2,8 @@
 #
 # torch: without a GPU the CPU wheel is installed (TORCH=torch==2.13.0); a bare `torch` would
 # pull several GB of CUDA build. With a GPU (nvidia-smi lists one) the default PyPI torch (a CUDA
-# build) and the `gds` extra (kvikio + cupy for the driver's CUDA major) are installed.
+# build) and the `gds` extra (kvikio + cupy for the driver's CUDA major) are installed. NIXL (the
+# `nixl` peer) is installed either way, its wheel for the driver's CUDA major (12 without a GPU).
 # Pick a build by hand with e.g. `make TORCH='torch==2.9.1' bench`, or
 # `make TORCH='torch --index-url https://download.pytorch.org/whl/cu128' bench`.
 
@@ -12,14 +13,15 @@ BIN    := $(VENV)/bin
 CONFIG ?= configs/default.yaml
 ARGS   ?=
 
+, := ,
 HAS_GPU    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1)
 ifeq ($(HAS_GPU),1)
 TORCH  ?= torch
-EXTRAS ?= dev,$(if $(filter 12,$(CUDA_MAJOR)),gds-cu12,gds)
+EXTRAS ?= dev,$(if $(filter 12,$(CUDA_MAJOR)),gds-cu12$(,)nixl,gds$(,)nixl-cu13)
 else
 TORCH  ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,nixl
 endif
 
 .PHONY: hosts bench test lint format columns engines gpu-wheels gpu-check gpu-rehearsal clean-scratch help
@@ -152,7 +154,7 @@ tune-check: $(BIN)/.installed
 	$(BIN)/python scripts/tune_check.py $(CONFIG) $(TUNED) $(ARGS)
 
 # The single-copy path against the peers users would pick and against fio, in one alternating run
-# (scripts/peers.py; fastpersist only where DeepSpeed is installed).
+# (scripts/peers.py; fastpersist only where DeepSpeed is installed, nixl's GDS_MT only on a GPU).
 .PHONY: peers
 peers: $(BIN)/.installed
 	$(BIN)/python scripts/peers.py $(ARGS)

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import Run, order_engines
+from bench.measure.floor import Floor
 
 GB = 1e9
 HOST_CSV = [
@@ -181,3 +182,141 @@ def cpu_cost(run: Run) -> dict[str, tuple[float, float, str]]:
         if not np.isnan(total):
             out[str(r["engine"])] = (float(total), float(persist), what)
     return out
+
+
+# The floor's table (bench.measure.floor): each path's CPU per GB beside what its work must cost
+FLOOR_HEADERS = ["engine", "CPU s/GB", "floor s/GB", "x floor", "floor =", "its own parts, s/GB"]
+# The parts an engine times itself (its io_detail, and hash_s), as the table names them
+OWN_PARTS: tuple[tuple[str, str], ...] = (
+    ("copy_s", "copy"),
+    ("hash_s", "hash"),
+    ("post_s", "submit"),
+    ("poll_s", "complete"),
+    ("fsync_s", "fsync"),
+)
+
+
+def floor(run: Run) -> Floor | None:
+    """The run's CPU floor (env.json `cpu_floor`), or None for a run without one."""
+    d = run.env.get("cpu_floor")
+    return Floor.from_json(d) if d else None
+
+
+def floor_of(f: Floor, run: Run, engine: str, hashes: bool) -> tuple[float, str]:
+    """Engine `engine`'s floor in CPU-s per GB and what it adds up: the O_DIRECT write, plus
+    the copy for a snapshot path (host-emulated: on a GPU the snapshot is the device's DMA),
+    the hash where it checksums, the serialisation where it serialises. NaN where the write
+    was not measured (no fio, no built-in run)."""
+    t = run.traits(engine)
+    parts = [("write", "fio" if f.io_tool.startswith("fio") else "write")]
+    if t is not None and t.stall == "snapshot" and run.emulated:
+        parts.append(("copy", "copy"))
+    if hashes:
+        parts.append(("hash", "hash"))
+    if t is not None and t.serializes:
+        parts.append(("serialize", "serialise"))
+    vals = [f.per_GB(p) for p, _ in parts]
+    total = float("nan") if any(v is None for v in vals) else float(sum(v or 0.0 for v in vals))
+    return total, " + ".join(name for _, name in parts)
+
+
+def _own_parts(df: pd.DataFrame) -> str:
+    """The parts of a save the engine timed itself (wall seconds per GB, medians), as a line."""
+    import json
+
+    gb = df["total_bytes"].astype(float) / GB
+    got: dict[str, pd.Series] = {}
+    details = [json.loads(x) if isinstance(x, str) and x else {} for x in df.get("io_detail", [])]
+    for key, name in OWN_PARTS:
+        if key == "hash_s":
+            v = _num(df, "hash_s")
+        else:
+            v = pd.Series([d.get(key, np.nan) for d in details] or np.nan, index=df.index)
+            v = pd.to_numeric(v, errors="coerce")
+        per = v / gb
+        if per.notna().any() and float(per.median()) > 0:
+            got[name] = per
+    return ", ".join(f"{k} {float(v.median()):.2f}" for k, v in got.items()) or "-"
+
+
+def floor_table(run: Run) -> pd.DataFrame:
+    """Per engine: its CPU per GB (the host's where measured, else the process's), its floor,
+    the ratio, what the floor adds up, and the parts it timed itself."""
+    f = floor(run)
+    t = table(run).set_index("engine")
+    host = has_host(run)
+    out = []
+    for e in t.index:
+        rows = run.ok[run.ok["engine"] == e]
+        hashes = bool(rows["checksums"].astype(str).str.lower().isin(["true", "1"]).any())
+        cpu = float(t.loc[e, "host_cpu_s_per_GB" if host else "process_cpu_s_per_GB"])
+        fl, what = floor_of(f, run, e, hashes) if f is not None else (float("nan"), "")
+        out.append(
+            {
+                "engine": e,
+                "cpu_s_per_GB": cpu,
+                "floor_cpu_s_per_GB": fl,
+                "x_floor": cpu / fl if fl and not np.isnan(fl) else float("nan"),
+                "floor_is": what,
+                "own_parts": _own_parts(rows),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def floor_rows(t: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The report's table of `floor_table`."""
+
+    def f(v: float) -> str:
+        return "-" if np.isnan(v) else f"{v:.2f}"
+
+    rows = [
+        [
+            r["engine"],
+            f(r["cpu_s_per_GB"]),
+            f(r["floor_cpu_s_per_GB"]),
+            f(r["x_floor"]),
+            r["floor_is"] or "-",
+            r["own_parts"],
+        ]
+        for _, r in t.iterrows()
+    ]
+    return FLOOR_HEADERS, rows
+
+
+def floor_sentence(run: Run) -> str:
+    """How the floor was measured, its parts per GB, and the path furthest above it."""
+    f = floor(run)
+    if f is None:
+        return "This run measured no CPU floor (its ceilings were off, or it predates the floor)."
+    parts = ", ".join(
+        f"{name} {v:.3f}"
+        for name, v in (
+            ("O_DIRECT write", f.per_GB("write")),
+            ("read", f.per_GB("read")),
+            ("copy into warm memory", f.per_GB("copy")),
+            ("xxh3", f.per_GB("hash")),
+            ("torch.save", f.per_GB("serialize")),
+        )
+        if v is not None
+    )
+    io = (
+        f"{f.io_tool}: no I/O floor, so no ratio"
+        if f.write_cpu_s is None
+        else f"I/O by {f.io_tool}, {f.block_bytes >> 20} MiB blocks, depth {f.depth}"
+    )
+    text = (
+        f"**The CPU floor** (CPU-s per GB, measured in this run on "
+        f"{f.nbytes / GB:.2f} GB; {io}): {parts}. Each path's floor adds up the parts its work "
+        "needs (a snapshot path: copy + hash + write; a direct path: hash + write; a peer that "
+        "hashes nothing: write, plus its serialisation)."
+    )
+    t = floor_table(run).dropna(subset=["x_floor"])
+    if not t.empty:
+        top = t.loc[t["x_floor"].idxmax()]
+        low = t.loc[t["x_floor"].idxmin()]
+        text += (
+            f" Furthest above its floor: {top['engine']}, {top['x_floor']:.1f}x; closest: "
+            f"{low['engine']}, {low['x_floor']:.1f}x."
+        )
+    return text

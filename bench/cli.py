@@ -197,6 +197,9 @@ def _cmd_engines(args: argparse.Namespace) -> int:
             why = kvikio_unavailable()
             line += " (kvikio)" if why is None else f" (host emulation, gds_mode=emulated: {why})"
         print(line)
+        # An engine with several backends says each one (nixl: POSIX io_uring and AIO, GDS...)
+        for variant, why in getattr(cls, "variants", dict)().items():
+            print(f"  {variant:14s} {'available' if why is None else 'unavailable: ' + why}")
     return 0
 
 

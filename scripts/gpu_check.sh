@@ -89,6 +89,13 @@ fi
 # The wheels the base lacks, and those whose distribution it holds too old for what the run
 # loads; kvikio's separately: their failure leaves the CPU paths to run.
 step install 120 "$PYTHON" scripts/gpu_env.py install "$WHEELS" "$site" --notes "$notes"
+# NIXL (scripts/gpu_wheels.sh put it apart): its wheel alone, after the rest; where it does not
+# install, nixl's rows are not run and the sizing's note says why (it cannot import).
+if compgen -G "$WHEELS/nixl/*.whl" >/dev/null; then
+    step nixl 90 "$PYTHON" -m pip install --disable-pip-version-check --quiet --no-index \
+        --no-deps --no-compile --upgrade --target "$site" "$WHEELS"/nixl/*.whl ||
+        echo "gpu_check: NIXL's wheel did not install (above): nixl is not run"
+fi
 export PYTHONPATH=$site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 # pip check over the base and $site, the project's requirements, every module the run imports:
 # exit 2 ends the check; 3 is kvikio's side alone, and the check goes on without gds.

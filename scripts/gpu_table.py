@@ -42,6 +42,13 @@ def env_lines(env: dict) -> list[str]:
             for t in env.get("storage", {}).get("targets", [])
         ),
     ]
+    nixl = env.get("nixl")
+    if isinstance(nixl, dict):  # the nixl peer's library: its version and plugins, or why not
+        lines.append(
+            f"nixl {nixl.get('version')}, plugins {','.join(nixl.get('plugins') or [])}"
+            if nixl.get("available")
+            else f"nixl: {nixl.get('reason')}"
+        )
     sync = env.get("cuda_sync")
     if isinstance(sync, dict):  # how CUDA waits: blocking-sync or spin
         lines.append(f"cuda_sync in force: {sync.get('in_force')}")
@@ -91,6 +98,7 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
         d = io_detail.read(ok["io_detail"].fillna("").iloc[-1])  # typed (bench.measure.detail)
         gd = d if isinstance(d, io_detail.GdsDetail) else None
         sd = d if isinstance(d, io_detail.SnapshotDetail) else None
+        nd = d if isinstance(d, io_detail.NixlDetail) else None
         med = {c: statistics.median(ok[c]) for c in ("stall_s", "total_s", "restore_s")}
         gb = ok["total_bytes"].iloc[0]
         out.append(
@@ -99,6 +107,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
                 "engine": eng,
                 "n": len(ok),
                 "gds_mode": ok["gds_mode"].iloc[-1],
+                # how it reached the disk: gds's io (kvikio, or its emulation), nixl's backend
+                "via": gd.io if gd else (nd.backend if nd else ""),
                 "restore": ok["restore_mode"].iloc[-1],
                 "stall_s": round(med["stall_s"], 3),
                 "durable_s": round(med["total_s"], 3),

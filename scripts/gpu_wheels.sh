@@ -60,8 +60,18 @@ printf '%s\n' "kvikio-cu13==$kv_version" "libkvikio-cu13==$kv_version" "${wanted
 echo "== beyond the base: ${wanted[*]}"
 "${download[@]}" "${wanted[@]}"
 
+# NIXL for the nixl peer's GDS_MT rows, in a folder of its own: gpu_check.sh installs it apart,
+# so that a NIXL that does not install or load costs its rows alone. Without its dependencies
+# (torch and numpy are the base's); a download that fails leaves the check without nixl.
+rm -rf "$WHEELS/nixl"
+echo "== nixl-cu13 for CPython ${PYVER}"
+"${pip[@]}" download --disable-pip-version-check --progress-bar off --only-binary=:all: \
+    "${platforms[@]}" --implementation cp --python-version "$PYVER" -d "$WHEELS/nixl" \
+    --no-deps nixl-cu13 ||
+    echo "gpu_wheels: no nixl-cu13 wheel for CPython ${PYVER}; the check runs without nixl" >&2
+
 echo "$PYVER" >"$WHEELS/PYVER"
-(cd "$WHEELS" && sha256sum ./*.whl >SHA256SUMS)
+(cd "$WHEELS" && sha256sum ./*.whl $(compgen -G './nixl/*.whl' || true) >SHA256SUMS)
 
 echo "== ${WHEELS} (CPython ${PYVER}, manylinux x86_64)"
 ls -l "$WHEELS"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}'

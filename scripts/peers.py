@@ -1,5 +1,6 @@
-"""The single-copy path against the libraries users would otherwise pick, and against the disk
-itself, in one alternating run (`make peers`).
+"""The single-copy path against the libraries users would otherwise pick (NVIDIA's NIXL among
+them: POSIX with io_uring and with AIO, GDS_MT on a GPU), and against the disk itself, in one
+alternating run (`make peers`).
 
 Every method saves the same state (random bytes, 64 MiB tensors) into one target, one after the
 other, repetition by repetition: the page cache dropped before every save (when root), every save
@@ -52,6 +53,10 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("cpu-single", "cpu-single, overlap forced on", {"overlap": True}),
     ("safetensors", "safetensors save_file + fsync", {}),
     ("fastpersist", "DeepSpeed FastPersist (FastFileWriter)", {}),
+    # NVIDIA's NIXL as nixlbench drives it, each POSIX io queue; GDS_MT where CUDA is
+    ("nixl", "NIXL POSIX io_uring", {"backend": "posix-uring"}),
+    ("nixl", "NIXL POSIX AIO", {"backend": "posix-aio"}),
+    ("nixl", "NIXL GDS_MT", {"backend": "gds-mt"}),
     ("dcp", "DCP async_save, cached staging", {}),
     ("torch-save", "torch.save + fsync", {}),
 ]

@@ -72,8 +72,17 @@ def test_engines_lists_every_registered_engine() -> None:
 
     p = ckptbench("engines")
     assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert lines[0] == f"device: {'cuda' if torch.cuda.is_available() else 'host-emulated'}"
+    out = p.stdout.splitlines()
+    assert out[0] == f"device: {'cuda' if torch.cuda.is_available() else 'host-emulated'}"
+    # an engine with several backends (nixl) lists each, indented under its own line
+    lines = [line for line in out if not line.startswith("  ")]
+    variants = [line.split(maxsplit=1) for line in out if line.startswith("  ")]
+    nixl = engines.REGISTRY["nixl"]
+    assert variants == [
+        [v, "available" if why is None else f"unavailable: {why}"]
+        for v, why in nixl.variants().items()  # type: ignore[attr-defined]
+    ]
+    assert out[out.index(next(x for x in out if x.startswith("nixl "))) + 1].startswith("  posix")
     assert [line.split()[0] for line in lines[1:]] == engines.names()
     for line in lines[1:]:
         why = engines.unavailable(line.split()[0])
@@ -168,6 +177,11 @@ def test_run_tiny_sweep(scratch: Path) -> None:
         assert all(int(r["device_written_bytes"]) >= int(r["total_bytes"]) for r in rows)
     # Whether torch's CPU allocations were on huge pages (bench/PERF.md) is part of the record.
     env = json.loads((run_dir / "env.json").read_text())
+    # the CPU floor measured in the same run, of the largest checkpoint (bench.measure.floor)
+    fl = env["cpu_floor"]
+    assert fl["nbytes"] == 8 << 20 and fl["block_bytes"] == 8 << 20
+    assert fl["copy_cpu_s"] > 0 and fl["hash_cpu_s"] > 0 and fl["serialize_cpu_s"] > 0
+    assert fl["write_cpu_s"] is not None or fl["io_tool"] == "fio not installed"
     assert env["vm"]["torch_thp_alloc"] == os.environ.get("THP_MEM_ALLOC_ENABLE")
     # the bracketed word of the kernel's THP setting, read here on its own
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")

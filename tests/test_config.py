@@ -147,7 +147,7 @@ def test_shipped_config_values(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             {"engines": ["cpu-single", "nvme-magic"]},
             "engines.1: unknown engine 'nvme-magic' (known: gds, cpu-single, cpu-double, "
-            "torch-save, dcp, safetensors, fastpersist, dlio-style)",
+            "torch-save, dcp, safetensors, fastpersist, dlio-style, nixl)",
         ),
         (
             {"engines": ["cpu-single", "gds", "cpu-single"]},

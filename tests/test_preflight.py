@@ -50,6 +50,9 @@ HOST = {
     "dcp": (S, 0, S, T),
     "fastpersist": (64 * MiB, 0, S, S),  # a restart: torch.load whole, then the copy
     "dlio-style": (0, 0, S, 0),
+    # its registered buffer (two halves of 128 MiB); a fresh restore reads into new tensors
+    # through it, a restart into the state's own
+    "nixl": (256 * MiB, 0, S, 0),
 }
 
 

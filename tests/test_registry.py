@@ -113,17 +113,21 @@ def test_an_engine_adds_to_the_environment_through_its_registry_line(
 ):
     """env.json's engine blocks come from hooks named in the registry, which the run calls
     (bench.measure.env imports no engine): gds's kvikio block, and one a new engine adds."""
-    from bench.engines import gds
+    from bench.engines import gds, nixl_peer
     from bench.measure import env
 
     entry = engines.ENGINES[copied_engine]
     hooked = dataclasses.replace(entry, env_block=("copy_probe", "ckptbench_copy_engine:probe"))
     monkeypatch.setitem(engines.ENGINES, copied_engine, hooked)
     blocks = engines.environment_blocks()
-    assert blocks == {"kvikio": gds.kvikio_info(), "copy_probe": {"hooked": True}}
+    assert blocks == {
+        "kvikio": gds.kvikio_info(),
+        "nixl": nixl_peer.nixl_info(),
+        "copy_probe": {"hooked": True},
+    }
     envb = env.collect([str(tmp_path)], blocks)
     keys = list(envb)
-    assert keys[keys.index("gpu") + 1 : keys.index("gpu") + 3] == ["kvikio", "copy_probe"]
+    assert keys[keys.index("gpu") + 1 : keys.index("gpu") + 4] == ["kvikio", "nixl", "copy_probe"]
     assert envb["copy_probe"] == {"hooked": True}
     assert "kvikio" not in env.collect([str(tmp_path)])
 

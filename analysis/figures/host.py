@@ -4,7 +4,10 @@ estimate) and Figure 9 (CPU-seconds per GB against write bandwidth).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -99,7 +102,7 @@ def host_cpu(run: Run) -> Figure:
     checkpoint (smallest SSD count, as Figure 1): (a) in the stall, (b) while persisting;
     filled: the whole host (other processes and the idle baseline taken away), hollow: the
     process and its children. A run without the host columns draws the process alone."""
-    fig, axes = new_figure(COL2, 2.6, ncols=2, sharey=True)
+    fig, axes = new_figure(COL2, 2.6, ncols=3, sharey=True)
     df, total, n = synthetic_subset(run)
     if df.empty:
         df, total, n = run.ok, int(run.ok["total_bytes"].max()), int(run.ok["n_targets"].min())
@@ -113,7 +116,7 @@ def host_cpu(run: Run) -> Figure:
         ("(b) persist: until durable", "persist_host_cpu_s_per_GB", proc_persist),
     ]
     sizes = sorted(int(x) for x in rows["tensor_bytes"].unique())
-    for ax, (title, col, proc) in zip(axes[0], panels, strict=True):
+    for ax, (title, col, proc) in zip(axes[0][:2], panels, strict=True):
         frame = rows.assign(process=proc)
         g = frame.groupby(["engine", "tensor_bytes"], sort=False).median(numeric_only=True)
         for e in order_engines(frame["engine"]):
@@ -149,6 +152,7 @@ def host_cpu(run: Run) -> Figure:
         ax.set_xlabel("write bandwidth to durability (GB/s)")
         ax.set_title(title)
         ax.set_xlim(left=0)
+    _beside_floor(axes[0][2], run, rows, "host_cpu_s_per_GB" if host else "process_cpu_s_per_GB")
     axes[0][0].set_ylabel("CPU-seconds per GB durable")
     handles, labels = axes[0][0].get_legend_handles_labels()
     handles += [
@@ -185,6 +189,25 @@ def host_cpu(run: Run) -> Figure:
         + ("" if host else "; this run predates the host columns: process CPU only"),
     )
     return fig
+
+
+def _beside_floor(ax: Any, run: Run, rows: pd.DataFrame, col: str) -> None:
+    """Panel (c): each engine's whole save per GB (median over the checkpoint's repetitions) as
+    a bar, its floor (analysis.cost.floor_of) as a black mark across it."""
+    f = cost.floor(run)
+    floors = cost.floor_table(run).set_index("engine") if f is not None else None
+    names = [
+        e for e in order_engines(rows["engine"]) if rows.loc[rows["engine"] == e, col].notna().any()
+    ]
+    for i, e in enumerate(names):
+        v = float(rows.loc[rows["engine"] == e, col].median())
+        ax.bar(i, v, color=color(e), width=0.7)
+        if floors is not None and e in floors.index:
+            fl = float(floors.loc[e, "floor_cpu_s_per_GB"])
+            if np.isfinite(fl):
+                ax.plot([i - 0.45, i + 0.45], [fl, fl], color="black", linewidth=1.5)
+    ax.set_xticks(range(len(names)), names, rotation=60, fontsize=5)
+    ax.set_title("(c) in all; black: its floor" if f is not None else "(c) in all (no floor)")
 
 
 def _unit_profile() -> Profile:

@@ -27,7 +27,9 @@ CAPTIONS = {
     "indicative); from the median repetition.",
     "host_cpu": "Figure 9. What each path costs the host: CPU-seconds per GB made durable "
     "against write bandwidth to durability, one line per engine through the tensor sizes of the "
-    "largest checkpoint, (a) in the stall and (b) while persisting; filled markers the whole "
+    "largest checkpoint, (a) in the stall and (b) while persisting, (c) the whole save per engine "
+    "beside its CPU floor (the black mark: what its work costs done by the best tools, "
+    "measured in the same run); filled markers the whole "
     "host (/proc/stat busy time less other processes' CPU and the run's idle baseline: kernel "
     "writeback and interrupts count), hollow this process and its children; medians of "
     "repetitions.",

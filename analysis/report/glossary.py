@@ -154,6 +154,26 @@ TERMS: dict[str, Term] = {
         ("host_cpu_s", "host_busy_s", "host_others_cpu_s", "host_baseline_cores"),
     ),
     "host: stall": Term("The host's CPU seconds per GB inside the stall.", ("stall_host_cpu_s",)),
+    "CPU s/GB": Term(
+        "The path's CPU seconds per GB made durable: the whole host's where the run measured "
+        "it, else this process's.",
+        ("host_cpu_s", "cpu_user_s", "cpu_sys_s"),
+    ),
+    "floor s/GB": Term(
+        "What the path's work must cost the CPUs at least, per GB, measured in the same run "
+        "(env.json `cpu_floor`, bench/measure/floor.py): fio's own job CPU for an O_DIRECT "
+        "io_uring write of the bytes, plus a single-thread copy into warm memory for a "
+        "snapshot path, xxh3 over the bytes where it checksums, torch.save (into a sink that "
+        "keeps nothing) where it serialises."
+    ),
+    "x floor": Term("CPU s/GB over floor s/GB: how much CPU the path spends beyond its work."),
+    "floor =": Term("The parts the path's floor adds up (fio: fio's write)."),
+    "its own parts, s/GB": Term(
+        "The parts of a save the engine timed itself, wall seconds per GB (median): the copy "
+        "into staging or its buffer, the hash, I/O submission and completion, fsync; `-` where "
+        "it says none.",
+        ("hash_s", "io_detail"),
+    ),
     "host: persist": Term(
         "The host's CPU seconds per GB while persisting (after save() returned).",
         ("host_cpu_s", "stall_host_cpu_s"),

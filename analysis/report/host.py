@@ -162,6 +162,9 @@ def host_section(d: Doc, run: Run, profiles: list[Profile]) -> None:
         d.p("This run predates the host columns: the process figure alone.")
     d.img("host_cpu.png", CAPTIONS["host_cpu"])
     d.table(*columns(cost.rows_md(cost.table(run)), FIRST))
+    d.p(cost.floor_sentence(run))
+    if cost.floor(run) is not None:
+        d.table(*cost.floor_rows(cost.floor_table(run)))
     servers = [p for p in profiles if p.name != THIS_MACHINE]
     d.p(host_answer(run, servers))
     d.img("host_memory.png", CAPTIONS["host_memory"])

@@ -16,6 +16,7 @@ from bench.engines.dlio_style import DlioStyle
 from bench.engines.fastpersist import FastPersist
 from bench.engines.gds import Gds
 from bench.engines.gds.parts import GdsEngine
+from bench.engines.nixl_peer import Nixl
 from bench.engines.safetensors_save import Safetensors
 from bench.engines.torch_save import TorchSave
 
@@ -29,6 +30,7 @@ CONTRACT: dict[str, type[Engine]] = {
     "safetensors": Safetensors,
     "fastpersist": FastPersist,
     "dlio-style": DlioStyle,
+    "nixl": Nixl,
 }
 
 

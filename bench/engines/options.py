@@ -166,3 +166,47 @@ class FastPersistOptions(Strict):
         if v % unit:
             raise ValueError(f"must be a multiple of 2 x threads x 512 = {unit}, got {v}")
         return v
+
+
+class NixlOptions(Strict):
+    """Knobs of the nixl peer (NVIDIA's NIXL file transfers), by default as nixlbench drives its
+    POSIX backend: io_uring, 256 kernel queue entries, a pool of 65,536 I/O descriptors, files
+    opened with O_DIRECT (`--storage_enable_direct`), the transfer requests busy-polled to their
+    end. The backend is one of NIXL's storage plugins: POSIX through io_uring or Linux AIO on any
+    host; GDS_MT and GDS (cuFile) only where CUDA is."""
+
+    backend: Literal["posix-uring", "posix-aio", "gds-mt", "gds"] = "posix-uring"
+    # Bytes of one descriptor, the size of each I/O the backend submits (nixlbench's block size)
+    request_bytes: Size = 16 << 20
+    # Descriptors per transfer request (nixlbench's batch size); a window's requests are all
+    # posted before the first is polled
+    batch: PosInt = 16
+    # The registered host buffer the bytes pass through, in two halves: one is filled (or
+    # emptied, on a restore) while the other's transfer is in flight. A state on a GPU written
+    # with gds or gds-mt is transferred from its own registered device memory instead.
+    buffer_bytes: Size = 256 << 20
+    # GDS_MT's thread_count (nixlbench --gds_mt_num_threads); the POSIX backends have none
+    threads: PosInt = 4
+    # POSIX io queue: entries in the kernel's ring (io_uring) or context (AIO)
+    kernel_queue_size: PosInt = 256
+
+    TUNABLE: ClassVar[Knobs] = {
+        "backend": ("posix-uring", "posix-aio"),
+        "request_bytes": (4 * MiB, 16 * MiB, 64 * MiB),
+        "batch": (4, 16, 64),
+    }
+
+    @field_validator("request_bytes")
+    @classmethod
+    def _request(cls, v: int) -> int:
+        if v % ALIGN:
+            raise ValueError(f"must be a multiple of {ALIGN} (O_DIRECT), got {v}")
+        return v
+
+    @field_validator("buffer_bytes")
+    @classmethod
+    def _halves(cls, v: int, info: Any) -> int:
+        unit = 2 * info.data.get("request_bytes", 16 << 20)
+        if v % unit:
+            raise ValueError(f"must be a multiple of 2 x request_bytes = {unit}, got {v}")
+        return v

@@ -39,6 +39,11 @@ ENGINES: dict[str, Entry] = {
     "safetensors": Entry("bench.engines.safetensors_save:Safetensors", opts.NoOptions),
     "fastpersist": Entry("bench.engines.fastpersist:FastPersist", opts.FastPersistOptions),
     "dlio-style": Entry("bench.engines.dlio_style:DlioStyle", opts.NoOptions),
+    "nixl": Entry(
+        "bench.engines.nixl_peer:Nixl",
+        opts.NixlOptions,
+        ("nixl", "bench.engines.nixl_peer:nixl_info"),
+    ),
 }
 
 

@@ -96,14 +96,34 @@ class FastPersistDetail(Detail):
     workaround: str | None = None  # DeepSpeed's op the engine builds instead, and why
 
 
+@dataclass
+class NixlDetail(Detail):
+    """nixl: the NIXL backend and its settings, and the parts of the save the engine can tell
+    (its own timers; the clock's stall is the whole)."""
+
+    kind: ClassVar[str] = "nixl"
+    backend: str = ""  # NIXL plugin and its io queue: POSIX/URING, POSIX/AIO, GDS_MT, GDS
+    nixl: str | None = None  # the wheel's version
+    request_bytes: int = 0
+    batch: int = 0
+    buffer_bytes: int = 0  # the registered host buffer (0: from registered device memory)
+    requests: int = 0  # transfer requests posted
+    descriptors: int = 0  # descriptors in them (I/Os of at most request_bytes)
+    copy_s: float = 0.0  # copying the state into the registered buffer
+    post_s: float = 0.0  # posting the transfer requests (submission)
+    poll_s: float = 0.0  # polling them to their end, beyond the copy they overlap
+    fsync_s: float = 0.0  # fsync of the data file and the index
+
+
 KINDS: dict[str, type[Detail]] = {
-    d.kind: d for d in (SnapshotDetail, GdsDetail, DcpDetail, FastPersistDetail)
+    d.kind: d for d in (SnapshotDetail, GdsDetail, DcpDetail, FastPersistDetail, NixlDetail)
 }
 # Rows written before `kind` was: a key only one kind has
 _TELL = (
     ("io", "gds"),
     ("checkpointer", "dcp"),
     ("block_bytes", "fastpersist"),
+    ("request_bytes", "nixl"),
     ("copy_s", "snapshot"),
 )
 

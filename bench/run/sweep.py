@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.common import sizes
 from bench.config import sweep as config_mod
-from bench.measure import hostcost, results
+from bench.measure import floor, hostcost, results
 from bench.measure.ceilings import Ceilings
 from bench.measure.efficiency import rejudge_csv
 from bench.run import decide, plan, rows
@@ -112,6 +112,7 @@ class Sweep:
         self.ceilings = self._ceilings(the_plan, probes)
         self._write_environment(the_plan, ctx)
         self.host = self._host_at_rest()
+        self._floor(the_plan)
         n_saves = self._announce(the_plan)
         try:
             self._cases(the_plan, ctx, probes, n_saves)
@@ -215,6 +216,33 @@ class Sweep:
             self.core.env["host_cost"] = host.info()
             self.core.open_writers({"results.csv": results.Row})
         return host
+
+    def _floor(self, the_plan: RunPlan) -> None:
+        """Rank 0, with the ceilings: the CPU floor of the run's largest checkpoint on its first
+        target (bench.measure.floor), what the report holds each path's CPU per GB against;
+        kept from the run resumed."""
+        cfg, core, w = self.cfg, self.core, self.world
+        now = (
+            w.rank == 0
+            and cfg.ceilings.enabled
+            and "cpu_floor" not in core.env
+            and bool(the_plan.workloads and the_plan.targets)
+        )
+
+        def measure() -> dict[str, Any] | None:
+            if not now:
+                return None
+            nbytes = max(wl.total_bytes for wl in the_plan.workloads)
+            try:
+                return floor.measure(the_plan.targets[0], nbytes).to_json()
+            except (OSError, ValueError) as e:  # the run goes on; the report says there is none
+                core.note(f"the CPU floor could not be measured ({type(e).__name__}: {e})")
+                return None
+
+        # every rank waits for rank 0's measurement, as for the ceilings
+        got = w.agree("the CPU floor", measure, timeout_s=dist.SETUP_TIMEOUT_S)
+        if got is not None:
+            core.env["cpu_floor"] = got
 
     def _announce(self, the_plan: RunPlan) -> int:
         """Say what the run will do (and, for MLPerf, how it was scaled) before the first
