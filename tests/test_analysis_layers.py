@@ -10,7 +10,7 @@ from pathlib import Path
 # nothing imports in circles. A new module joins the layer its imports put it in.
 LAYERS = [
     ["tables", "runs", "external"],
-    ["stats", "cost", "scaling", "mlperf"],
+    ["stats", "cost", "scaling", "mlperf", "stragglers"],
     ["training", "model.profiles"],
     ["model.predict"],
     ["model.host", "model.planning", "model.calibrate", "model.published"],
@@ -18,7 +18,7 @@ LAYERS = [
     ["summary", "figures.common"],
     ["figures.*", "report.doc", "report.captions"],
     ["report.host", "report.caveats", "report.summary", "report.model", "report.environment"]
-    + ["report.glossary", "report.tuning"]
+    + ["report.glossary", "report.tuning", "report.stragglers"]
     + ["report.training", "report.contention", "report.scaling", "report.restore", "report.mlperf"],
     ["report.answer", "compare"],
     ["report.build"],

@@ -35,6 +35,19 @@ SAMPLES = [
     ),
     detail.DcpDetail(staging="cached", checkpointer="thread"),
     detail.FastPersistDetail(block_bytes=1, queue_depth=2, threads=3, buffer_bytes=4),
+    detail.NixlDetail(
+        backend="POSIX/URING",
+        nixl="1.5.1",
+        request_bytes=1 << 20,
+        batch=8,
+        buffer_bytes=16 << 20,
+        requests=3,
+        descriptors=24,
+        copy_s=0.01,
+        post_s=0.002,
+        poll_s=0.05,
+        fsync_s=0.004,
+    ),
 ]
 
 

@@ -106,6 +106,9 @@ def job_cpu_s(fio_json: str) -> float:
     are percentages of one CPU over `job_runtime` (ms), the job's own run, without fio's
     start-up and buffer fill."""
     job = json.loads(fio_json[fio_json.index("{") :])["jobs"][0]
+    missing = [k for k in ("usr_cpu", "sys_cpu", "job_runtime") if k not in job]
+    if missing:  # an fio too old to say, or not fio at all
+        raise ValueError(f"fio's JSON has no {', '.join(missing)}")
     return (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100.0 * float(job["job_runtime"]) / 1e3
 
 
