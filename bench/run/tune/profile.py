@@ -203,7 +203,7 @@ def resolve(
     """The profile at `path` for a run on `host` over `targets` with `engines` at `ssd_counts`
     (refused in one line as `check` and `load` say, or when it tuned none of the engines): per
     engine its chosen search (`choose`), and env.json's `tuned` block (the profile, its digest,
-    its budget and what was applied). `run --tuned` and `make peers --tuned` both come here."""
+    its budget and what was applied). `run --tuned` and `make peers TUNED=` both come here."""
     where = f"--tuned {path}"
     prof = load(path)
     check(prof, targets, where, host)
