@@ -35,6 +35,7 @@ help:
 	@echo "make report   figures and report.md of the latest run (make plots: figures only)"
 	@echo "make ceiling  each engine next to the device ceilings (configs/ceiling.yaml)"
 	@echo "make peers    cpu-single vs safetensors, FastPersist, DCP, torch.save and fio, alternating"
+	@echo "make peers TUNED=results/tuned.yaml   the same, each tuned engine also with its tuned knobs"
 	@echo "make scaling  each path's cost against checkpoint size, 256 MiB to 12 GiB, with its report"
 	@echo "make many-tensors   80 MiB as 4 KiB, 64 KiB and 16 MiB tensors, and an MoE shard, with its report"
 	@echo "make mlperf   MLPerf Storage's checkpoint workload (llama3-1t, scaled to fit), with its report"
@@ -156,9 +157,10 @@ tune-check: $(BIN)/.installed
 
 # The single-copy path against the peers users would pick and against fio, in one alternating run
 # (scripts/peers.py; fastpersist only where DeepSpeed is installed, nixl's GDS_MT only on a GPU).
+# TUNED=PROFILE (from `make tune`) also runs each tuned engine with its knobs beside its defaults.
 .PHONY: peers
 peers: $(BIN)/.installed
-	$(BIN)/python scripts/peers.py $(ARGS)
+	$(BIN)/python scripts/peers.py $(if $(TUNED),--tuned $(TUNED)) $(ARGS)
 
 # How each path's cost grows with the checkpoint (configs/scaling.yaml, 256 MiB to 12 GiB), and
 # its report (slopes, Figures 10 and 11) in the run's report/ folder.

@@ -14,9 +14,17 @@ disk does; and the copy ceiling (the snapshot's own copy, best of 5) is
 measured in every repetition, so that each stall is judged against the memory bandwidth of its
 own moment. The tables give stall and time to durability (min-max over the repetitions) and the
 median bandwidth to durability, then each restart's time and median bandwidth; the raw rows go
-to results/peers-<stamp>/peers.csv with env.json.
+to results/peers-<stamp>/peers.csv with env.json, each save's row with the options its engine
+ran with and what its save reported (`options`, `io_detail`).
 
-    .venv/bin/python scripts/peers.py [--size 1GiB] [--reps 5] [--target DIR]
+With `--tuned PROFILE` (`make peers TUNED=PROFILE`), each method whose engine the profile tuned
+(`ckptbench tune`: DCP's thread_count, nixl's backend, request size, batch and buffer,
+cpu-single's threads and chunk, FastPersist's buffer) runs a second time with the profile's
+knobs, labelled tuned, beside its default run; the profile is refused in one line, as `run
+--tuned` refuses it (bench.run.tune.profile.resolve), when its host or the target's file system
+or device differ. env.json's `tuned` block names the profile and what was applied.
+
+    .venv/bin/python scripts/peers.py [--size 1GiB] [--reps 5] [--target DIR] [--tuned PROFILE]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import csv
 import gc
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +42,7 @@ from typing import Any
 
 from bench import engines
 from bench.common import cudasync, devices, sizes
+from bench.common.errors import UserError
 from bench.measure import ceilings, clock, env, results, witness
 from bench.measure import timers as measure
 from bench.measure.ceilings import Ceilings, Measured, Method, builtin
@@ -41,6 +51,7 @@ from bench.measure.ceilings.fio import fio_env, fio_version
 from bench.measure.ceilings.memory import copy_bandwidth, d2h_bandwidth
 from bench.run import protocol
 from bench.run import rows as rowlib
+from bench.run.tune import profile
 from bench.storage import verify
 from bench.workloads import synthetic_state
 
@@ -60,6 +71,31 @@ METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("dcp", "DCP async_save, cached staging", {}),
     ("torch-save", "torch.save + fsync", {}),
 ]
+
+
+def with_tuned(
+    methods: list[tuple[str, str, dict[str, Any]]], chosen: dict[str, dict[str, Any]]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """`methods` with, after the first method of each engine in `chosen` (profile.choose), that
+    method again with the profile's knobs over its options, labelled with them."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for name, label, opts in methods:
+        out.append((name, label, opts))
+        if name in chosen and name not in seen:
+            seen.add(name)
+            knobs = chosen[name]["knobs"]
+            said = " ".join(f"{k}={_knob(k, v)}" for k, v in sorted(knobs.items()))
+            out.append((name, f"{name} tuned ({said})", {**opts, **knobs}))
+    return out
+
+
+def _knob(key: str, value: Any) -> str:
+    return (
+        sizes.format_size(value)
+        if key.endswith("_bytes") and isinstance(value, int)
+        else str(value)
+    )
 
 
 def fio_disk(target: str, nbytes: int) -> tuple[float, float]:
@@ -166,21 +202,49 @@ def _witnessed(
     }
 
 
-def main() -> int:
+def _given(eng: Any = None, detail: Any = None) -> dict[str, Any]:
+    """The options the engine ran with and what its save reported (bench.measure.detail), as
+    peers.csv's columns (empty for the copy, fio and disk-read rows): what a tuned row was given."""
+    return {
+        "options": rowlib.options_json(eng) if eng is not None else "",
+        "io_detail": json.dumps(detail.to_json(), sort_keys=True) if detail is not None else "",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return peers(argv)
+    except UserError as e:
+        print(f"peers: error: {e}", file=sys.stderr)
+        return 2
+
+
+def peers(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--tensor", default="64MiB")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--target", default="scratch/peers")
     ap.add_argument("-o", "--output", default="results")
-    a = ap.parse_args()
-    sync = cudasync.blocking_sync()  # before any CUDA context
+    ap.add_argument(
+        "--tuned",
+        metavar="PROFILE",
+        help="also run each tuned engine with the knobs of this `ckptbench tune` profile",
+    )
+    a = ap.parse_args(argv)
     size = sizes.parse_size(a.size, "--size")
+    methods, tuned = METHODS, None
+    if a.tuned:  # refused before anything is written, as `run --tuned` refuses it
+        names = list(dict.fromkeys(m[0] for m in METHODS))
+        chosen, tuned = profile.resolve(a.tuned, [a.target], names, [1], socket.gethostname())
+        methods = with_tuned(METHODS, chosen)
+        print(f"tuned knobs from {a.tuned}: {', '.join(chosen)}", file=sys.stderr)
+    sync = cudasync.blocking_sync()  # before any CUDA context
     os.makedirs(a.target, exist_ok=True)
     dev = devices.detect("auto")
     state = synthetic_state(size, sizes.parse_size(a.tensor, "--tensor"), device=dev.torch_device)
     made = []
-    for name, label, opts in METHODS:
+    for name, label, opts in methods:
         why = engines.unavailable(name, opts)
         if why:
             print(f"skipped {label}: {why}", file=sys.stderr)
@@ -209,6 +273,7 @@ def main() -> int:
                 "restore_cached_bytes": "",
                 "verified": True,
                 **_witnessed(),
+                **_given(),
             }
         )
         for name, label, eng in made:
@@ -236,6 +301,7 @@ def main() -> int:
                     "restore_cached_bytes": back.restore_cached_bytes,
                     "verified": bool(back.verified),
                     **_witnessed(seen.bytes, seen.flushes, seen.text, back.restore_witness),
+                    **_given(eng, res.detail),
                 }
             )
             print(
@@ -264,6 +330,7 @@ def main() -> int:
                     "restore_cached_bytes": 0,
                     "verified": True,
                     **_witnessed(),
+                    **_given(),
                 }
             )
         else:
@@ -278,6 +345,7 @@ def main() -> int:
                     "restore_cached_bytes": 0,
                     "verified": True,
                     **_witnessed(),
+                    **_given(),
                 }
             )
     for _, _, eng in made:
@@ -293,6 +361,7 @@ def main() -> int:
         size_bytes=size,
         stall_clock=clock.STALL_CLOCK,
         **({"cuda_sync": sync} if dev.is_cuda else {}),
+        **({"tuned": tuned} if tuned is not None else {}),
     )
     if has_fio:
         envb["fio_buffers"] = fio_env()[1]
@@ -303,6 +372,7 @@ def main() -> int:
         f"repetitions ({dev.kind}); copy ceiling {min(copy_s):.3f}-{max(copy_s):.3f} s "
         f"({threads} threads, measured in every repetition)"
         + (f"; fio writes from {fio_env()[1]}" if has_fio else "")
+        + (f"; tuned rows with the knobs of {a.tuned}" if a.tuned else "")
     )
     print("| method | stall s | durable s | median GB/s to durability |")
     print("|---|---|---|---|")

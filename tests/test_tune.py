@@ -1,12 +1,16 @@
 """`ckptbench tune` (bench/run/tune/): the knobs each engine declares and their checks, the search
 against a planted landscape, a real tune of cpu-single on real files, the profile's round trip
-and refusals, and `run --tuned` applying what was found."""
+and refusals, `run --tuned` applying what was found, and `make peers TUNED=...` (scripts/peers.py
+--tuned) running each tuned engine with its knobs beside its defaults."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -388,3 +392,117 @@ def test_targets_on_the_command_line_replace_the_configs(tmp_path, capsys, monke
     assert [t["path"] for t in d["targets"]] == [str(other)]
     assert seen and all(s == [str(other)] for s in seen)
     assert d["results"][0]["best"]["threads_per_target"] == 2  # the planted best of [1, 2]
+
+
+# -- make peers TUNED=... (scripts/peers.py --tuned) ---------------------------------------------
+
+PEERS_KNOBS = {
+    "cpu-single": {"threads_per_target": 3, "chunk_bytes": 2 * MiB},
+    "dcp": {"thread_count": 3},
+    "nixl": {"backend": "posix-aio", "request_bytes": 2 * MiB, "batch": 3},
+}
+
+
+def peers_profile(path: Path, target: Path, **changes: object) -> Path:
+    """A profile for `target` as a tune here would write it, each engine's best distinct from
+    its defaults (so that a row run with them shows it)."""
+    results = [
+        {
+            "ssd_count": 1,
+            "engine": e,
+            "default": {},
+            "default_GBps": 1.0,
+            "best": knobs,
+            "best_GBps": 2.0,
+            "stopped": "done",
+            "trials": [],
+        }
+        for e, knobs in PEERS_KNOBS.items()
+    ]
+    d = profile.build(
+        targets=[str(target)],
+        host=socket.gethostname(),
+        config="peers.yaml",
+        budget_s=60.0,
+        took_s=1.0,
+        total_bytes=8 * MiB,
+        tensor_bytes=MiB,
+        results=results,
+    )
+    d.update(changes)
+    profile.write(d, str(path))
+    return path
+
+
+def run_peers(target: Path, out: Path, prof: Path) -> subprocess.CompletedProcess[str]:
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(repo / "scripts" / "peers.py"), "--size", "4MiB", "--tensor", "1MiB"]
+        + ["--reps", "1", "--target", str(target), "-o", str(out), "--tuned", str(prof)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_make_peers_tuned_runs_each_tuned_engine_with_its_knobs_beside_its_default(scratch):
+    from bench import engines
+
+    target = scratch / "t"
+    target.mkdir()
+    prof = peers_profile(scratch / "tuned.yaml", target)
+    got = run_peers(target, scratch / "out", prof)
+    assert got.returncode == 0, got.stderr
+    (run,) = (scratch / "out").iterdir()
+    with open(run / "peers.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["engine"] in PEERS_KNOBS]
+    for e, knobs in PEERS_KNOBS.items():
+        if engines.unavailable(e, knobs):
+            continue
+        mine = [r for r in rows if r["engine"] == e]
+        # one row with the profile's knobs, and the default rows beside it, all verified
+        tuned = [r for r in mine if all(json.loads(r["options"])[k] == v for k, v in knobs.items())]
+        assert len(tuned) == 1 and len(mine) > 1, (e, mine)
+        assert tuned[0]["verified"] == "True" and float(tuned[0]["durable_s"]) > 0
+        assert "tuned" in tuned[0]["method"]
+        for r in mine:
+            if r is not tuned[0]:
+                assert "tuned" not in r["method"], r
+    by = {r["method"]: r for r in rows}
+    if not engines.unavailable("nixl", PEERS_KNOBS["nixl"]):
+        # what nixl's save reported: the io queue and request sizes it ran with
+        (nixl,) = [r for r in rows if r["engine"] == "nixl" and "tuned" in r["method"]]
+        io = json.loads(nixl["io_detail"])
+        assert (io["backend"], io["request_bytes"], io["batch"]) == ("POSIX/AIO", 2 * MiB, 3)
+        default = json.loads(by["NIXL POSIX io_uring"]["io_detail"])
+        assert (default["request_bytes"], default["batch"]) == (16 * MiB, 16)
+    env = json.loads((run / "env.json").read_text())
+    assert env["tuned"]["profile"] == str(prof) and len(env["tuned"]["sha256"]) == 64
+    assert {e: a["knobs"] for e, a in env["tuned"]["applied"].items()} == PEERS_KNOBS
+    assert f"tuned rows with the knobs of {prof}" in got.stdout
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"host": "elsewhere"}, "host: tuned on 'elsewhere'"),
+        ("fstype", "targets.0.fstype: tuned on 'lustre'"),
+        ({"results": []}, "results: no engine of the run"),
+    ],
+)
+def test_make_peers_refuses_a_profile_that_does_not_fit_in_one_line(scratch, change, says):
+    target = scratch / "t"
+    target.mkdir()
+    if change == "fstype":
+        prof = peers_profile(scratch / "p.yaml", target)
+        d = yaml.safe_load(prof.read_text())
+        d["targets"][0]["fstype"] = "lustre"
+        prof.write_text(yaml.safe_dump(d))
+    else:
+        prof = peers_profile(scratch / "p.yaml", target, **change)
+    got = run_peers(target, scratch / "out", prof)
+    assert got.returncode == 2, got.stderr
+    assert "Traceback" not in got.stderr
+    (line,) = got.stderr.strip().splitlines()
+    assert line.startswith(f"peers: error: --tuned {prof}: ") and says in line, line
+    assert not (scratch / "out").exists()  # nothing written

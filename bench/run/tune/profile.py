@@ -1,11 +1,12 @@
-"""The tuned profile: what `ckptbench tune` found, as YAML, and how `ckptbench run --tuned` uses it.
+"""The tuned profile: what `ckptbench tune` found, as YAML, and how `ckptbench run --tuned` (and
+`make peers TUNED=...`, scripts/peers.py) use it.
 
 The profile names the host and each target's file system and block device as env.json records
 them (bench.measure.env.targets_info), the budget and the state of the trials, and per SSD count
 and engine the default and the best setting with their durable GB/s and every trial. It is
 written atomically (a temporary file beside it, fsynced, renamed), so an interrupted tune leaves
 none. Reading it back checks every field (one line naming the first that is wrong), and `run
---tuned` refuses it when the run's host, or a target's file system or device, differs.
+--tuned` (and peers) refuses it when the run's host, or a target's file system or device, differs.
 """
 
 from __future__ import annotations
@@ -196,21 +197,32 @@ def choose(prof: Profile, engines: list[str], ssd_counts: list[int]) -> dict[str
     return out
 
 
-def apply(path: str, cfg: Any, host: str) -> tuple[list[str], dict[str, Any]]:
-    """`run --tuned PATH` for config `cfg`: the `--set` overrides that apply the profile's knobs,
-    and env.json's `tuned` block (the profile, its digest, and what was applied)."""
+def resolve(
+    path: str, targets: list[str], engines: list[str], ssd_counts: list[int], host: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The profile at `path` for a run on `host` over `targets` with `engines` at `ssd_counts`
+    (refused in one line as `check` and `load` say, or when it tuned none of the engines): per
+    engine its chosen search (`choose`), and env.json's `tuned` block (the profile, its digest,
+    its budget and what was applied). `run --tuned` and `make peers TUNED=` both come here."""
     where = f"--tuned {path}"
     prof = load(path)
-    targets = cfg.resolved_targets()[: max(cfg.ssd_counts)]
     check(prof, targets, where, host)
-    chosen = choose(prof, cfg.engines, cfg.ssd_counts)
+    chosen = choose(prof, engines, ssd_counts)
     if not chosen:
-        raise UserError(f"{where}: results: no engine of the run ({', '.join(cfg.engines)}) tuned")
-    sets = [f"engine_options.{e}.{k}={v}" for e, c in chosen.items() for k, v in c["knobs"].items()]
+        raise UserError(f"{where}: results: no engine of the run ({', '.join(engines)}) tuned")
     block = {
         "profile": path,
         "sha256": digest(path),
         "budget_s": prof.budget_s,
         "applied": chosen,
     }
+    return chosen, block
+
+
+def apply(path: str, cfg: Any, host: str) -> tuple[list[str], dict[str, Any]]:
+    """`run --tuned PATH` for config `cfg`: the `--set` overrides that apply the profile's knobs,
+    and env.json's `tuned` block (see `resolve`)."""
+    targets = cfg.resolved_targets()[: max(cfg.ssd_counts)]
+    chosen, block = resolve(path, targets, cfg.engines, cfg.ssd_counts, host)
+    sets = [f"engine_options.{e}.{k}={v}" for e, c in chosen.items() for k, v in c["knobs"].items()]
     return sets, block
