@@ -63,9 +63,9 @@ bench: $(BIN)/.installed
 # mypy first (pyproject.toml [tool.mypy]: bench/ and analysis/, pinned): a type error fails the tests.
 # Then pytest in two parts. Most tests run in parallel (pytest-xdist, TEST_WORKERS workers, one per
 # CPU up to 8 by default: each holds torch and its own fixtures, about 1 GiB; each test file on one
-# worker, so its module fixtures are built once). Those
-# marked `alone` (pyproject.toml: they read the whole host's CPU, the page cache, a port or a wall
-# clock, which a test beside them would disturb) run after, one at a time. Both parts run even if
+# worker, so its module fixtures are built once). Those marked `alone` (pyproject.toml: they read
+# pages kept in the page cache, a port or a wall clock, which a test beside them would disturb)
+# run after, one at a time. Both parts run even if
 # the first fails; an ARGS selection with nothing in one part is not a failure.
 # --durations: the slowest tests named in every run.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 8 ? n : 8 )))
