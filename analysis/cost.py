@@ -319,4 +319,13 @@ def floor_sentence(run: Run) -> str:
             f" Furthest above its floor: {top['engine']}, {top['x_floor']:.1f}x; closest: "
             f"{low['engine']}, {low['x_floor']:.1f}x."
         )
+        under = t[t["x_floor"] < 1]
+        if not under.empty:
+            names = ", ".join(f"{r['engine']} ({r['x_floor']:.2f}x)" for _, r in under.iterrows())
+            text += (
+                f" Below their floor: {names}. Their floor is no floor for them: the tools it "
+                "times (fio's submission, a single-thread copy and hash) cost more than the way "
+                "these paths do the same work, or the two measurements differ by their noise; "
+                "read them as at their floor, not as beating it."
+            )
     return text

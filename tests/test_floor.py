@@ -116,6 +116,26 @@ def test_each_paths_floor_adds_up_the_parts_its_work_needs() -> None:
     assert "O_DIRECT write 0.100, read 0.200, copy into warm memory 0.150, xxh3 0.050" in text
     top = t["x_floor"].idxmax()
     assert f"Furthest above its floor: {top}, {t.loc[top, 'x_floor']:.1f}x" in text
+    under = t[t["x_floor"] < 1]
+    if under.empty:
+        assert "Below their floor" not in text
+    else:
+        assert "Below their floor" in text and "read them as at their floor" in text
+
+
+def test_a_path_below_its_floor_is_said_not_to_beat_it() -> None:
+    """A floor as large as a path's own CPU per GB and more: the ratio under 1 is named as
+    a floor that is no floor for it, never as a win."""
+    run = _with_floor(FLOOR)
+    t = cost.floor_table(run).set_index("engine")
+    cpu = t.loc["safetensors", "cpu_s_per_GB"]  # its floor is the write alone
+    big = floor.Floor(int(1e9), 16 * MiB, 16, "fio", cpu * 2, 0.2, 0.15, 0.05, 1.0)
+    run = _with_floor(big)
+    t = cost.floor_table(run).set_index("engine")
+    assert t.loc["safetensors", "x_floor"] == pytest.approx(0.5)
+    text = cost.floor_sentence(run)
+    assert "Below their floor: " in text and "safetensors (0.50x)" in text
+    assert "not as beating it" in text
 
 
 def test_without_a_measured_write_there_is_no_ratio_and_the_report_says_why() -> None:
