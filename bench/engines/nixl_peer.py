@@ -713,7 +713,8 @@ def _copy_window(
     window = torch.from_numpy(buf[at : at + size])
     cursor = start
     first = bisect.bisect_right(ends, start)
-    for t, (off, n) in zip(tensors[first:], layout[first:], strict=True):
+    for i in range(first, len(layout)):  # no slice: a copy of the lists for every window
+        t, (off, n) = tensors[i], layout[i]
         if off + n <= start:
             continue
         if off >= end:
